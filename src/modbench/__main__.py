@@ -1,0 +1,3 @@
+from modbench.cli import main
+
+main()

@@ -1,0 +1,190 @@
+"""The ``modbench`` command line: a thin typer layer over the Python API."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+
+from modbench.errors import ModbenchError
+
+app = typer.Typer(
+    name="modbench",
+    help="modbench: does a Transformer modification really help, once everything else is "
+    "held fixed?\n\nExample: modbench train --preset cpu-small --method post_ln+qknorm",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _mount_data() -> None:
+    from modbench.data.cli import data_app
+
+    app.add_typer(data_app, name="data")
+
+
+_mount_data()
+
+
+@app.command()
+def train(
+    preset: Annotated[str, typer.Option(help="Model/training preset (`modbench presets`).")] = (
+        "cpu-small"),
+    method: Annotated[str, typer.Option(
+        help="Method string: names joined by '+', options in parentheses.")] = "baseline",
+    seed: Annotated[int, typer.Option(help="Init seed (the data order never depends on it).")] = 0,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps (preset default).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>).")] = None,
+    recipe: Annotated[str | None, typer.Option(
+        help="Recipe (`modbench recipes`; default: the preset's).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="YAML file with any subset of the config keys.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        help="Write a checkpoint every K steps.")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="Continue the run in --out from its last checkpoint.")] = False,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Dotted override key=value, repeatable (e.g. recipe.lr=1e-3).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Train one model and write config.yaml, metrics.jsonl and summary.json to its folder.
+
+    With no arguments: the baseline `cpu-small` model on the built-in corpus (a few minutes
+    on 2 CPU cores).
+
+    Example: modbench train --preset tiny --method post_ln+qknorm --seed 1 --steps 50 --out runs/t
+    """
+    from modbench.config import resolve
+    from modbench.train.trainer import train as run_train
+
+    overrides = list(set_ or [])
+    if checkpoint_every is not None:
+        overrides.append(f"train.checkpoint_every={checkpoint_every}")
+    cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
+                  overrides=overrides)
+    if out is None:
+        if resume:
+            raise ModbenchError("--resume needs --out, the folder of the run to continue")
+        safe = cfg.model.method.replace("+", "_").replace("(", "_").replace(")", "")
+        safe = "".join(c if c.isalnum() or c in "_-.=" else "_" for c in safe)[:80]
+        out = Path("runs") / f"{cfg.preset}-{safe}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = run_train(cfg, out, resume=resume, progress=progress)
+    _print_summary(summary, out)
+
+
+def _print_summary(s: dict[str, Any], out: Path) -> None:
+    typer.echo(f"run:     {out}")
+    typer.echo(f"status:  {s['status']}" + (
+        f" at step {s['diverged_at_step']}" if s["status"] == "diverged" else ""))
+    if s["final_val_loss"] is not None:
+        typer.echo(f"val:     loss {s['initial_val_loss']:.3f} -> {s['final_val_loss']:.3f} "
+                   f"(ppl {s['val_ppl']:.1f})")
+    tps = s["tokens_per_s"]
+    typer.echo(f"train:   {s['steps']} steps, {s['tokens']:,} tokens, {s['params']:,} params"
+               + (f", {tps:,.0f} tokens/s" if tps else ""))
+
+
+@app.command()
+def methods(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the registered methods (name, category, citation, summary, options).
+
+    Example: modbench methods --json
+    """
+    from modbench.methods import load_all
+
+    rows = [cls.info() for _, cls in sorted(load_all().items())]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+        typer.echo(f"{r['name']:<16} {r['category']:<12} {r['summary']}")
+        if opts:
+            typer.echo(f"{'':<29} options: {opts}")
+
+
+@app.command()
+def presets(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the presets with their shapes and parameter counts (no weights are allocated).
+
+    Example: modbench presets --json
+    """
+    import dataclasses
+
+    from modbench.config import PRESETS
+    from modbench.model.build import count_params
+
+    rows = []
+    for p in PRESETS.values():
+        rows.append({"name": p.name, "params": count_params(p.model), "recipe": p.recipe,
+                     "model": dataclasses.asdict(p.model), "train": dict(p.train), "note": p.note})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        m = r["model"]
+        typer.echo(f"{r['name']:<12} {r['params'] / 1e6:>9.2f}M  d={m['d_model']} L={m['n_layers']} "
+                   f"H={m['n_heads']}/{m['n_kv_heads']} ff={m['d_ff']} V={m['vocab_size']} "
+                   f"T={m['max_seq_len']}  recipe={r['recipe']}")
+
+
+@app.command()
+def recipes(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the training recipes (frozen across methods).
+
+    Example: modbench recipes --json
+    """
+    import dataclasses
+
+    from modbench.config import RECIPES
+
+    rows = [dataclasses.asdict(r) for r in RECIPES.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        typer.echo(f"{r['name']:<10} {r['optimizer']} lr={r['lr']:g} betas={tuple(r['betas'])} "
+                   f"wd={r['weight_decay']:g} clip={r['grad_clip']:g} {r['schedule']}")
+        typer.echo(f"{'':<10} {r['note']}")
+
+
+def run_cli(argv: list[str]) -> int:
+    """Run the CLI on ``argv``; user errors become one line on stderr and exit code 2."""
+    try:
+        app(args=argv, prog_name="modbench", standalone_mode=False)
+    except ModbenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        return int(e.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
+    return 0
+
+
+def main() -> None:
+    sys.exit(run_cli(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+"""Typed configuration: presets, recipes, YAML files and dotted overrides, with strict keys.
+
+A run is described by one :class:`RunConfig`. It is resolved in a fixed order:
+
+1. the preset (model shape plus its default training shape and recipe),
+2. the recipe (optimizer, schedule, precision), frozen across methods,
+3. an optional YAML file (any subset of the nested keys),
+4. command-line flags (``--method``, ``--seed``, ``--steps``, ...),
+5. ``--set key=value`` dotted overrides (``--set model.d_model=128``),
+6. the recipe exceptions declared by the chosen methods (recorded in ``recipe_exceptions``).
+
+Unknown keys are errors that suggest the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from modbench.errors import ModbenchError, suggest
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the shared Llama-style decoder (and the method string that modifies it)."""
+
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 688
+    max_seq_len: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    method: str = "baseline"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ModbenchError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                "choose sizes so that d_model = n_heads * head_dim"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ModbenchError(
+                f"model.n_heads={self.n_heads} is not a multiple of "
+                f"model.n_kv_heads={self.n_kv_heads}; GQA needs whole groups"
+            )
+        if self.head_dim % 2:
+            raise ModbenchError(
+                f"head dimension {self.head_dim} is odd; RoPE needs an even head dimension"
+            )
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                    "max_seq_len"):
+            if getattr(self, key) <= 0:
+                raise ModbenchError(f"model.{key} must be positive, got {getattr(self, key)}")
+
+
+@dataclass
+class RecipeConfig:
+    """Optimizer and schedule, frozen across methods (a method may declare exceptions)."""
+
+    name: str = "cpu"
+    optimizer: str = "adamw"  # adamw | adam
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # applied to matrices (ndim >= 2) only
+    grad_clip: float = 1.0  # 0 disables clipping
+    warmup_steps: int | None = None  # None: warmup_frac * steps
+    warmup_frac: float = 0.05
+    schedule: str = "cosine"  # cosine | linear | constant (after warm-up)
+    min_lr_ratio: float = 0.1  # the schedule ends at min_lr_ratio * lr
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    note: str = ""
+
+    def validate(self) -> None:
+        if self.optimizer not in ("adamw", "adam"):
+            raise ModbenchError(
+                f"recipe.optimizer must be 'adamw' or 'adam', got {self.optimizer!r}"
+            )
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ModbenchError(
+                f"recipe.schedule must be cosine, linear or constant, got {self.schedule!r}"
+            )
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ModbenchError(
+                f"recipe.precision must be auto, fp32 or bf16, got {self.precision!r}"
+            )
+        if not self.lr > 0:
+            raise ModbenchError(f"recipe.lr must be positive, got {self.lr}")
+
+    def warmup_for(self, steps: int) -> int:
+        if self.warmup_steps is not None:
+            return int(self.warmup_steps)
+        return int(round(self.warmup_frac * steps))
+
+
+@dataclass
+class TrainConfig:
+    """Training shape and bookkeeping (not part of the frozen recipe)."""
+
+    steps: int = 300
+    batch_size: int = 16  # sequences per optimizer step
+    micro_batch_size: int | None = None  # None: no gradient accumulation
+    seq_len: int = 128
+    eval_every: int = 100  # validation every K steps (and always at the end); 0: only at end
+    eval_sequences: int = 64  # size of the fixed validation set, in sequences
+    checkpoint_every: int = 0  # 0: no periodic checkpoints (a final one is always written)
+    log_every: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    compile: bool = False
+    threads: int = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+
+    def validate(self) -> None:
+        if self.steps <= 0:
+            raise ModbenchError(f"train.steps must be positive, got {self.steps}")
+        if self.batch_size <= 0:
+            raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
+        mb = self.micro_batch_size
+        if mb is not None and (mb <= 0 or self.batch_size % mb):
+            raise ModbenchError(
+                f"train.micro_batch_size={mb} must divide train.batch_size={self.batch_size}"
+            )
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from. ``builtin`` needs no network; otherwise a prepared directory."""
+
+    source: str = "builtin"  # builtin | path to a directory written by `modbench data prepare`
+    data_seed: int = 1234  # fixes the batch order, independent of the init seed
+    verify: bool = True  # check shard checksums when opening
+
+
+@dataclass
+class RunConfig:
+    preset: str = "cpu-small"
+    seed: int = 0  # init seed: varies the weights only, never the data order
+    model: ModelConfig = field(default_factory=ModelConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    recipe_exceptions: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.recipe.validate()
+        self.train.validate()
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ModbenchError(
+                f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len="
+                f"{self.model.max_seq_len}; lower the first or raise the second"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------
+# Presets
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig
+    recipe: str
+    train: dict[str, Any]
+    note: str = ""
+
+
+def _llama(vocab: int, d: int, layers: int, heads: int, ff: int) -> ModelConfig:
+    # The Mix-LN / LayerNorm-Scaling scripts use HF LlamaForCausalLM configs: full MHA,
+    # untied head, max_length 256, rms_norm_eps 1e-6.
+    return ModelConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=heads,
+                       n_kv_heads=heads, d_ff=ff, max_seq_len=256, norm_eps=1e-6,
+                       tie_embeddings=False)
+
+
+_LLAMA_TRAIN = {"batch_size": 512, "seq_len": 256, "eval_every": 1000, "eval_sequences": 2048,
+                "checkpoint_every": 1000}
+_MIXLN_NOTE = ("LLaMA shape of the Mix-LN / LayerNorm-Scaling scripts (seeds/000_*); batch 512 x "
+               "256 tokens as in their C4 scripts; train on C4 prepared with a 32000-token "
+               "tokenizer (`modbench data prepare`).")
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "tiny",
+            ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                        d_ff=176, max_seq_len=64),
+            recipe="cpu",
+            train={"steps": 30, "batch_size": 8, "seq_len": 64, "eval_every": 10,
+                   "eval_sequences": 16},
+            note="For tests: trains in seconds.",
+        ),
+        Preset(
+            "cpu-small",
+            ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
+                        d_ff=688, max_seq_len=128),
+            recipe="cpu",
+            train={"steps": 300, "batch_size": 16, "seq_len": 128, "eval_every": 100,
+                   "eval_sequences": 128},
+            note="A few million parameters; trains usefully in minutes on 2 CPU cores.",
+        ),
+        Preset("llama-60m", _llama(32000, 512, 8, 8, 1376), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 10000}, _MIXLN_NOTE),
+        Preset("llama-71m", _llama(32000, 512, 12, 8, 1368), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 10000}, _MIXLN_NOTE),
+        Preset("llama-130m", _llama(32000, 768, 12, 12, 2048), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 20000}, _MIXLN_NOTE),
+        Preset("llama-250m", _llama(32000, 768, 24, 16, 2560), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 40000}, _MIXLN_NOTE),
+        Preset("llama-350m", _llama(32000, 1024, 24, 16, 2736), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 60000}, _MIXLN_NOTE),
+        Preset("llama-1b", _llama(32000, 2048, 24, 32, 5461), "c4-mixln",
+               {**_LLAMA_TRAIN, "steps": 90000}, _MIXLN_NOTE + " The scripts use lr 5e-4 at 1B."),
+        Preset(
+            "climb-1.2b",
+            ModelConfig(vocab_size=65664, d_model=2048, n_layers=24, n_heads=32, n_kv_heads=8,
+                        d_ff=5632, max_seq_len=1024, tie_embeddings=True),
+            recipe="seed002",
+            train={"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
+                   "eval_sequences": 1024, "checkpoint_every": 1000},
+            note="seeds/002_* §3.2: 24 layers, hidden 2048, 32 heads / 8 KV heads, SwiGLU 5632, "
+                 "context 1024, vocab 65664, tied embeddings (1.217B parameters, Table 4); "
+                 "44,000 steps of 512 x 1024 tokens (23.07B tokens).",
+        ),
+        Preset(
+            "climb-3b",
+            ModelConfig(vocab_size=65664, d_model=3072, n_layers=28, n_heads=32, n_kv_heads=8,
+                        d_ff=8192, max_seq_len=1024, tie_embeddings=True),
+            recipe="seed002",
+            train={"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
+                   "eval_sequences": 1024, "checkpoint_every": 1000},
+            note="seeds/002_* §5: 28 layers, hidden 3072, FFN 8192. The seed says only 'all other "
+                 "details identical', so heads (32), KV heads (8), vocab, context and tying are "
+                 "taken from climb-1.2b; the step count is not given (60.04B tokens would be "
+                 "~114,500 steps at 512 x 1024) and is left at the 1.2B value: set train.steps.",
+        ),
+    ]
+}
+
+
+# --------------------------------------------------------------------------------------
+# Recipes
+
+RECIPES: dict[str, RecipeConfig] = {
+    "seed002": RecipeConfig(
+        name="seed002", optimizer="adamw", lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+        weight_decay=0.1, grad_clip=1.0, warmup_steps=2000, schedule="cosine",
+        min_lr_ratio=0.1, precision="auto",
+        note="seeds/002_* §3.2: AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, 2,000 linear "
+             "warm-up steps, cosine to 10%, bf16 autocast with fp32 master weights. The seed's "
+             "text lost the learning rate; 3e-4 is our choice [unverified].",
+    ),
+    "c4-mixln": RecipeConfig(
+        name="c4-mixln", optimizer="adam", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+        weight_decay=0.0, grad_clip=0.0, warmup_steps=None, warmup_frac=0.1, schedule="cosine",
+        min_lr_ratio=0.1, precision="auto",
+        note="The Mix-LN / LayerNorm-Scaling C4 scripts: Adam lr 1e-3 (5e-4 for 1B: set "
+             "recipe.lr), no weight decay, no clipping (--grad_clipping 0.0), warm-up 10% of "
+             "steps, cosine to 10%, bf16.",
+    ),
+    "cpu": RecipeConfig(
+        name="cpu", optimizer="adamw", lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+        grad_clip=1.0, warmup_steps=None, warmup_frac=0.05, schedule="cosine", min_lr_ratio=0.1,
+        precision="auto",
+        note="seed002's shape (AdamW, wd 0.1, clip 1.0, warm-up, cosine to 10%) with a learning "
+             "rate and warm-up fraction sized for few-million-parameter CPU models and runs of "
+             "a few hundred steps.",
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Resolution and overrides
+
+
+def resolve(
+    preset: str = "cpu-small",
+    *,
+    recipe: str | None = None,
+    yaml_file: str | Path | None = None,
+    method: str | None = None,
+    seed: int | None = None,
+    steps: int | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """Build a validated :class:`RunConfig` (method recipe exceptions are applied later)."""
+    if preset not in PRESETS:
+        raise ModbenchError(
+            f"unknown preset '{preset}'{suggest(preset, PRESETS)}; "
+            f"choose one of: {', '.join(PRESETS)}"
+        )
+    p = PRESETS[preset]
+    cfg = RunConfig(preset=preset, model=copy.deepcopy(p.model))
+    tree: dict[str, Any] = {}
+    if yaml_file is not None:
+        tree = load_yaml(yaml_file)
+        if "preset" in tree and tree["preset"] != preset:
+            return resolve(str(tree["preset"]), recipe=recipe, yaml_file=yaml_file,
+                           method=method, seed=seed, steps=steps, overrides=overrides)
+    recipe_tree = tree.get("recipe") if isinstance(tree.get("recipe"), dict) else {}
+    recipe_name = str(recipe or recipe_tree.get("name") or p.recipe)
+    if recipe_name not in RECIPES:
+        raise ModbenchError(
+            f"unknown recipe '{recipe_name}'{suggest(recipe_name, RECIPES)}; "
+            f"choose one of: {', '.join(RECIPES)}"
+        )
+    cfg.recipe = copy.deepcopy(RECIPES[recipe_name])
+    for k, v in p.train.items():
+        setattr(cfg.train, k, v)
+    if tree:
+        _merge_tree(cfg, tree, prefix="")
+    cfg.recipe.name = recipe_name
+    if method is not None:
+        cfg.model.method = method
+    if seed is not None:
+        cfg.seed = seed
+    if steps is not None:
+        cfg.train.steps = steps
+    for item in overrides or []:
+        apply_override(cfg, item)
+    cfg.validate()
+    return cfg
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ModbenchError(f"config file {p} does not exist; pass a YAML file path")
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ModbenchError(f"config file {p} is not valid YAML ({e.__class__.__name__}); "
+                            "fix the syntax") from e
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ModbenchError(f"config file {p} must hold a mapping of keys, got {type(tree)}")
+    return tree
+
+
+def valid_keys(obj: Any = None, prefix: str = "") -> list[str]:
+    """All dotted keys of a RunConfig (``model.d_model``, ``recipe.lr``, ...)."""
+    obj = obj if obj is not None else RunConfig()
+    keys: list[str] = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            keys += valid_keys(v, prefix + f.name + ".")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _merge_tree(obj: Any, tree: dict[str, Any], prefix: str) -> None:
+    for k, v in tree.items():
+        if not hasattr(obj, k) or k.startswith("_") or callable(getattr(obj, k)):
+            key = prefix + str(k)
+            raise ModbenchError(
+                f"unknown config key '{key}'{suggest(key, valid_keys())}; "
+                "see `modbench train --help` or docs/config.md for valid keys"
+            )
+        cur = getattr(obj, k)
+        if dataclasses.is_dataclass(cur):
+            if not isinstance(v, dict):
+                raise ModbenchError(f"config key '{prefix}{k}' is a section; give a mapping")
+            _merge_tree(cur, v, prefix + k + ".")
+        else:
+            setattr(obj, k, _coerce(obj, k, v, prefix + k))
+
+
+def apply_override(cfg: RunConfig, item: str) -> None:
+    """Apply one ``key=value`` override; the value is parsed as YAML (``1e-3``, ``true``)."""
+    if "=" not in item:
+        raise ModbenchError(f"override '{item}' must look like key=value, e.g. recipe.lr=1e-3")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        is_last = i == len(parts) - 1
+        if not hasattr(obj, part) or part.startswith("_") or callable(getattr(obj, part)):
+            raise ModbenchError(
+                f"unknown config key '{key}'{suggest(key, valid_keys())}; "
+                "see docs/config.md for valid keys"
+            )
+        if is_last:
+            if dataclasses.is_dataclass(getattr(obj, part)):
+                raise ModbenchError(f"'{key}' is a section; set one of its keys, e.g. {key}.x=1")
+            value = yaml.safe_load(raw) if raw.strip() else None
+            setattr(obj, part, _coerce(obj, part, value, key))
+        else:
+            obj = getattr(obj, part)
+            if not dataclasses.is_dataclass(obj):
+                raise ModbenchError(f"unknown config key '{key}': '{part}' is not a section")
+
+
+def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
+    """Check (and gently convert) a value against the dataclass field's type."""
+    hint = get_type_hints(type(obj))[name]
+    text = str(hint)
+    if value is None:
+        if "None" in text or hint is Any:
+            return None
+        raise ModbenchError(f"config key '{key}' cannot be empty")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ModbenchError(f"config key '{key}' takes true or false, got {value!r}")
+    if hint is int or text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()
+        ):
+            raise ModbenchError(f"config key '{key}' takes an integer, got {value!r}")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise ModbenchError(f"config key '{key}' takes a number, got {value!r}") from None
+        value = float(value)
+        if not math.isfinite(value):
+            raise ModbenchError(f"config key '{key}' must be finite, got {value!r}")
+        return value
+    if hint is str:
+        return str(value)
+    if text.startswith("tuple"):
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ModbenchError(f"config key '{key}' takes a pair, e.g. [0.9, 0.95]")
+        return (float(value[0]), float(value[1]))
+    if text.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ModbenchError(f"config key '{key}' takes a mapping")
+        return dict(value)
+    return value
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def from_dict(tree: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig from its dictionary form (e.g. a run's config.yaml)."""
+    cfg = RunConfig()
+    _merge_tree(cfg, tree, prefix="")
+    return cfg

@@ -1,0 +1,241 @@
+"""The method registry: one class per modification, registered by name, composable with ``+``.
+
+A method string is ``name`` or ``name(key=value, ...)`` terms joined by ``+``, e.g.
+``post_ln+qknorm`` or ``layerscale(init=1e-4)+qknorm(scope=full)``. Values are read as YAML
+scalars (``1e-4``, ``true``, ``full``). ``baseline`` means no method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, get_type_hints
+
+import yaml
+from torch import nn
+
+from modbench.config import ModelConfig
+from modbench.errors import ModbenchError, suggest
+from modbench.model.spec import ModelSpec
+
+CATEGORIES = ("attention", "ffn", "norm", "placement", "residual", "architecture")
+
+
+@dataclass
+class NoOptions:
+    pass
+
+
+class Method:
+    """Base class. Subclasses set the class attributes and override :meth:`configure`.
+
+    - ``configure(spec, cfg)`` fills slots of the :class:`ModelSpec` (never edits the block,
+      the attention core or the trainer);
+    - ``edit_config(cfg)`` may change the model config before the model is built;
+    - ``post_init(model)`` runs after the weights are initialised (e.g. init rescaling);
+    - ``recipe_exceptions`` are recipe keys the trainer overrides for this method (recorded in
+      the run's config);
+    - ``callbacks()`` returns trainer callbacks (e.g. a weight renormalisation after each
+      optimizer step).
+    """
+
+    name: ClassVar[str] = ""
+    category: ClassVar[str] = ""
+    citation: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    recipe_exceptions: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, options: Any = None) -> None:
+        self.opts = options if options is not None else self.Options()
+
+    def edit_config(self, cfg: ModelConfig) -> None:
+        """Change the model config in place before building (default: nothing)."""
+
+    def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
+        raise NotImplementedError
+
+    def post_init(self, model: nn.Module) -> None:
+        """Adjust the freshly initialised model (default: nothing)."""
+
+    def callbacks(self) -> list[Any]:
+        return []
+
+    @property
+    def label(self) -> str:
+        """Canonical term: name plus the options that differ from their defaults."""
+        default = self.Options()
+        changed = [
+            f"{f.name}={getattr(self.opts, f.name)}"
+            for f in dataclasses.fields(self.opts)
+            if getattr(self.opts, f.name) != getattr(default, f.name)
+        ]
+        return f"{self.name}({','.join(changed)})" if changed else self.name
+
+    @classmethod
+    def info(cls) -> dict[str, Any]:
+        return {
+            "name": cls.name,
+            "category": cls.category,
+            "citation": cls.citation,
+            "summary": cls.summary,
+            "options": {
+                f.name: _default_of(f) for f in dataclasses.fields(cls.Options)
+            },
+            "recipe_exceptions": dict(cls.recipe_exceptions),
+        }
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+REGISTRY: dict[str, type[Method]] = {}
+_loaded = False
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: add a method to the registry under ``cls.name``."""
+    if not cls.name or not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
+        raise ValueError(f"method name {cls.name!r} must be lower_snake_case")
+    if cls.category not in CATEGORIES:
+        raise ValueError(f"method {cls.name}: category must be one of {CATEGORIES}")
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise ValueError(f"method {cls.name!r} is registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def load_all() -> dict[str, type[Method]]:
+    """Import every module of ``modbench.methods`` (each registers its methods)."""
+    global _loaded
+    if not _loaded:
+        import modbench.methods as pkg
+
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            if not mod.name.startswith("_") and mod.name != "base":
+                importlib.import_module(f"modbench.methods.{mod.name}")
+        _loaded = True
+    return REGISTRY
+
+
+_TERM = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(?:\((.*)\))?\s*$")
+
+
+def _split_top(s: str, sep: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
+def parse_methods(text: str) -> list[Method]:
+    """Parse a method string into method instances (``baseline`` gives ``[]``)."""
+    registry = load_all()
+    text = (text or "baseline").strip()
+    if text == "baseline":
+        return []
+    methods: list[Method] = []
+    for term in _split_top(text, "+"):
+        m = _TERM.match(term)
+        if not m or not term.strip():
+            raise ModbenchError(
+                f"cannot read method term {term!r} in {text!r}; write name or name(key=value)"
+                " joined by '+', e.g. post_ln+qknorm"
+            )
+        name, args = m.group(1), m.group(2)
+        if name == "baseline":
+            raise ModbenchError("'baseline' means no method and cannot be combined with others")
+        if name not in registry:
+            raise ModbenchError(
+                f"unknown method '{name}'{suggest(name, registry)}; "
+                "run `modbench methods` to list them"
+            )
+        if any(x.name == name for x in methods):
+            raise ModbenchError(f"method '{name}' is listed twice in {text!r}")
+        cls = registry[name]
+        methods.append(cls(_parse_options(cls, args or "")))
+    return methods
+
+
+def _parse_options(cls: type[Method], args: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    hints = get_type_hints(cls.Options)
+    values: dict[str, Any] = {}
+    for item in (a for a in _split_top(args, ",") if a.strip()):
+        if "=" not in item:
+            raise ModbenchError(
+                f"method option {item.strip()!r} of '{cls.name}' must be key=value"
+            )
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise ModbenchError(
+                f"unknown option '{key}' for method '{cls.name}'{suggest(key, fields)}; "
+                f"its options are: {known}"
+            )
+        values[key] = _check_option(cls.name, key, yaml.safe_load(raw), hints[key])
+    return cls.Options(**values)
+
+
+def _check_option(method: str, key: str, value: Any, hint: Any) -> Any:
+    text = str(hint)
+    if value is None and "None" in text:
+        return None
+    if "float" in text and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if "int" in text and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if "bool" in text and isinstance(value, bool):
+        return value
+    if "str" in text and isinstance(value, str):
+        return value
+    raise ModbenchError(f"option {key}={value!r} of method '{method}' should be {text}")
+
+
+def canonical(methods: list[Method]) -> str:
+    return "+".join(m.label for m in methods) or "baseline"
+
+
+def collect_recipe_exceptions(methods: list[Method]) -> dict[str, Any]:
+    """Union of the methods' recipe exceptions; two methods disagreeing is an error."""
+    out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for m in methods:
+        for k, v in m.recipe_exceptions.items():
+            if k in out and out[k] != v:
+                raise ModbenchError(
+                    f"methods '{owner[k]}' and '{m.name}' need different recipe.{k} "
+                    f"({out[k]!r} vs {v!r}); they cannot be combined"
+                )
+            out[k], owner[k] = v, m.name
+    return out
+
+
+def option_choice(method: str, key: str, value: str, choices: tuple[str, ...]) -> str:
+    """Validate a string option against its allowed values."""
+    if value not in choices:
+        raise ModbenchError(
+            f"option {key}={value!r} of method '{method}' must be one of: {', '.join(choices)}"
+        )
+    return value
+
+
+Factory = Callable[..., nn.Module]

@@ -1,0 +1,28 @@
+"""The FFN core: the gated (SwiGLU) feed-forward network of Llama, activation in a slot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from modbench.model.stream import ForwardContext
+
+
+class GatedFFN(nn.Module):
+    """``FFN(x) = W_down(act(W_gate x) * W_up x)``; ``act`` fills slot ``ffn.act`` (SiLU)."""
+
+    def __init__(self, cfg: Any, build: Any, layer: int) -> None:
+        super().__init__()
+        self.gate_proj = build.linear("gate", cfg.d_model, cfg.d_ff, layer)
+        self.up_proj = build.linear("up", cfg.d_model, cfg.d_ff, layer)
+        self.down_proj = build.linear("down", cfg.d_ff, cfg.d_model, layer)
+        self.act = build.optional("ffn.act", nn.SiLU, cfg, layer)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def gated_ffn_factory(cfg: Any, build: Any, layer: int) -> nn.Module:
+    return GatedFFN(cfg, build, layer)

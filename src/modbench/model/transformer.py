@@ -1,0 +1,163 @@
+"""The shared decoder: embedding, blocks of two sublayers, final norm, LM head.
+
+The block reads top to bottom with no branches on methods; everything that varies is a
+module in a fixed slot (see :mod:`modbench.model.spec`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modbench.config import ModelConfig
+from modbench.model.attention import attention_factory, sdpa_kernel_factory
+from modbench.model.ffn import gated_ffn_factory
+from modbench.model.norms import pre_norm_placement, rmsnorm_factory
+from modbench.model.rope import rope_tables
+from modbench.model.spec import ModelSpec
+from modbench.model.stream import ForwardContext, add_merge_factory, additive_stream_factory
+
+
+def plain_linear(role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
+    """The baseline linear layer: no bias, initialised N(0, init_std^2) by the model."""
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+def baseline_spec() -> ModelSpec:
+    """A spec filled with the Llama-2 defaults; methods then edit it."""
+    spec = ModelSpec()
+    for slot, value in {
+        "norm": rmsnorm_factory,
+        "placement": pre_norm_placement,
+        "linear": plain_linear,
+        "attn.kernel": sdpa_kernel_factory,
+        "attn": attention_factory,
+        "ffn": gated_ffn_factory,
+        "merge": add_merge_factory,
+        "stream": lambda cfg: additive_stream_factory(cfg),
+    }.items():
+        spec.fill(slot, value, by="baseline")
+    return spec
+
+
+class Builder:
+    """What the cores see of the spec: ready-made parts for a given model config."""
+
+    def __init__(self, spec: ModelSpec, cfg: ModelConfig) -> None:
+        self.spec, self.cfg = spec, cfg
+
+    def linear(self, role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
+        m = self.spec.get("linear")(role, d_in, d_out, layer)
+        for wrap in self.spec.wrappers("linear_wrappers"):
+            m = wrap(m, role, d_in, d_out, layer, self.cfg)
+        return m
+
+    def norm(self, site: str, layer: int, dim: int | None = None) -> nn.Module:
+        dim = self.cfg.d_model if dim is None else dim
+        present = self.spec.get("placement")(site, layer, self.cfg.n_layers)
+        m = self.spec.get("norm")(dim, self.cfg.norm_eps, site, layer) if present else nn.Identity()
+        for wrap in self.spec.wrappers("norm_wrappers"):
+            m = wrap(m, site, layer, self.cfg)
+        return m
+
+    def slot(self, slot: str, *args: Any) -> Any:
+        return self.spec.get(slot)(*args)
+
+    def optional(self, slot: str, default: Callable[[], nn.Module], *args: Any) -> nn.Module:
+        """The slot's component if a method filled it, else ``default()`` (a pass-through)."""
+        return self.spec.get(slot)(*args) if slot in self.spec.fills else default()
+
+
+class Sublayer(nn.Module):
+    """One residual branch and its four slots: pre-norm, core, branch-output norm, merge and
+    post-residual norm."""
+
+    def __init__(self, name: str, core: nn.Module, build: Builder, layer: int) -> None:
+        super().__init__()
+        self.name = name
+        self.pre_norm = build.norm(f"{name}.pre", layer)
+        self.core = core
+        self.post_norm = build.norm(f"{name}.post", layer)
+        self.merge = build.slot("merge", build.cfg, layer, name)
+        self.residual_norm = build.norm(f"{name}.residual", layer)
+
+
+class Block(nn.Module):
+    """A decoder layer: attention sublayer, then FFN sublayer, both through the stream."""
+
+    def __init__(self, build: Builder, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.attn = Sublayer("attn", build.slot("attn", build.cfg, build, layer), build, layer)
+        self.ffn = Sublayer("ffn", build.slot("ffn", build.cfg, build, layer), build, layer)
+
+    def forward(self, stream: nn.Module, ctx: ForwardContext) -> None:
+        state = ctx.stream
+        for sub in (self.attn, self.ffn):
+            x = stream.read(state, self.layer, sub.name)
+            out = sub.post_norm(sub.core(sub.pre_norm(x), ctx))
+            stream.write(state, self.layer, sub.name, out, sub.merge, sub.residual_norm)
+
+
+class Transformer(nn.Module):
+    """Llama-2-style decoder built from a :class:`ModelSpec`."""
+
+    def __init__(self, cfg: ModelConfig, spec: ModelSpec) -> None:
+        super().__init__()
+        self.cfg, self.spec = cfg, spec
+        build = Builder(spec, cfg)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_norm = build.norm("embed", -1)
+        self.stream = build.slot("stream", cfg)
+        self.blocks = nn.ModuleList(Block(build, i) for i in range(cfg.n_layers))
+        self.final_norm = build.norm("final", cfg.n_layers)
+        self.head = None if cfg.tie_embeddings else build.linear(
+            "head", cfg.d_model, cfg.vocab_size, cfg.n_layers)
+        self.logits_transform = build.optional("logits", nn.Identity, cfg)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> logits ``(B, T, V)``."""
+        t = idx.shape[1]
+        if t > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
+        x0 = self.embed_norm(self.embed(idx))
+        state = self.stream.start(x0)
+        ctx = ForwardContext(cos=self.rope_cos[:t], sin=self.rope_sin[:t], seq_len=t,
+                             stream=state)
+        for block in self.blocks:
+            block(self.stream, ctx)
+        h = self.final_norm(self.stream.finish(state))
+        logits = F.linear(h, self.embed.weight) if self.head is None else self.head(h)
+        return self.logits_transform(logits)
+
+    # ----------------------------------------------------------------- initialisation
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """N(0, init_std^2) for every linear and embedding weight (HF Llama's
+        ``initializer_range``; plain, not depth-scaled, as the Mix-LN and LayerNorm-Scaling
+        scripts use), zero biases; then every component's own ``modbench_init()``, so a
+        method's special init (zero gates, identity mixing) is never overwritten."""
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():
+            init = getattr(m, "modbench_init", None)
+            if callable(init):
+                init()
+
+
+def lm_loss(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy inside each packed row: predict ``idx[:, 1:]``."""
+    v = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), idx[:, 1:].reshape(-1))
