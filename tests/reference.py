@@ -71,3 +71,58 @@ def swiglu(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str) -> torch.T
     g = x @ sd[prefix + "gate_proj.weight"].T
     u = x @ sd[prefix + "up_proj.weight"].T
     return (g * torch.sigmoid(g) * u) @ sd[prefix + "down_proj.weight"].T
+
+
+def decoder_logits(model: torch.nn.Module, idx: torch.Tensor, cfg: object, *,
+                   placement: str = "pre", layerscale: bool = False,
+                   qk_scope: str | None = None) -> torch.Tensor:
+    """Reference forward of the whole decoder, in float64, from the equations:
+
+    - pre:  h = x + s * F(N(x))            (Llama, Pre-LN)
+    - post: h = N(x + s * F(x))            (Post-LN; final norm kept)
+
+    s = diag(lambda) of the sublayer when ``layerscale`` else 1; ``qk_scope`` adds QK-Norm
+    ("head" or "full") with the model's gains.
+    """
+    c = cfg
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    eps = c.norm_eps  # type: ignore[attr-defined]
+    out = []
+    for row in idx:
+        x = sd["embed.weight"][row]
+        for i in range(c.n_layers):  # type: ignore[attr-defined]
+            p = f"blocks.{i}."
+            for sub in ("attn", "ffn"):
+                q = p + sub + "."
+
+                def branch(inp: torch.Tensor, sub: str = sub, q: str = q) -> torch.Tensor:
+                    if sub == "ffn":
+                        return swiglu(inp, sd, q + "core.")
+                    norms = None
+                    if qk_scope is not None:
+                        norms = (sd[q + "core.q_norm" + (".weight" if qk_scope == "head"
+                                                         else ".norm.weight")],
+                                 sd[q + "core.k_norm" + (".weight" if qk_scope == "head"
+                                                         else ".norm.weight")])
+                    return attention(inp, sd, q + "core.", c.n_heads, c.n_kv_heads,
+                                     qk_norm=norms, qk_scope=qk_scope or "head", eps=eps)
+
+                scale = sd[q + "merge.scale"] if layerscale else 1.0
+                if placement == "pre":
+                    x = x + scale * branch(rms(x, sd[q + "pre_norm.weight"], eps))
+                else:
+                    x = rms(x + scale * branch(x), sd[q + "residual_norm.weight"], eps)
+        h = rms(x, sd["final_norm.weight"], eps)
+        head = sd["embed.weight"] if c.tie_embeddings else sd["head.weight"]  # type: ignore
+        out.append(h @ head.T)
+    return torch.stack(out)
+
+
+def randomize_gains(model: torch.nn.Module, seed: int = 0) -> None:
+    """Give every 1-D parameter (norm gains, LayerScale) random values, so reference tests
+    exercise them instead of their trivial init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float64).to(p.dtype) + 0.5)

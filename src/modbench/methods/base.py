@@ -11,7 +11,6 @@ import dataclasses
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
 
@@ -64,6 +63,11 @@ class Method:
 
     def callbacks(self) -> list[Any]:
         return []
+
+    def extra_params(self, cfg: ModelConfig) -> int:
+        """Documented parameter overhead over the baseline for this config (the formula in the
+        docstring). The shared registry test checks it against the built model."""
+        raise NotImplementedError(f"method {self.name} does not document its parameter overhead")
 
     @property
     def label(self) -> str:
@@ -199,8 +203,11 @@ def _check_option(method: str, key: str, value: Any, hint: Any) -> Any:
     text = str(hint)
     if value is None and "None" in text:
         return None
-    if "float" in text and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    if "float" in text and isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:  # YAML 1.1 reads 1e-4 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if "int" in text and isinstance(value, int) and not isinstance(value, bool):
         return value
     if "bool" in text and isinstance(value, bool):
@@ -237,5 +244,3 @@ def option_choice(method: str, key: str, value: str, choices: tuple[str, ...]) -
         )
     return value
 
-
-Factory = Callable[..., nn.Module]

@@ -73,3 +73,6 @@ class LayerScale(Method):
             return LayerScaleMerge(c.d_model, init)
 
         spec.fill("merge", factory, by=self.name)
+
+    def extra_params(self, cfg: ModelConfig) -> int:
+        return 2 * cfg.d_model * cfg.n_layers

@@ -40,3 +40,6 @@ class PostLN(Method):
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         spec.fill("placement", post_ln_placement, by=self.name)
+
+    def extra_params(self, cfg: ModelConfig) -> int:
+        return 0  # two norms per layer move from the inputs to after the merges

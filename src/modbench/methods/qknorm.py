@@ -75,3 +75,8 @@ class QKNorm(Method):
         key = f"rmsnorm-{scope}"
         spec.fill("attn.q_norm", q_norm, by=self.name, key=key)
         spec.fill("attn.k_norm", k_norm, by=self.name, key=key)
+
+    def extra_params(self, cfg: ModelConfig) -> int:
+        if self.opts.scope == "head":
+            return 2 * cfg.head_dim * cfg.n_layers
+        return (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim * cfg.n_layers

@@ -6,15 +6,15 @@ import torch
 
 
 def rope_tables(
-    head_dim: int, max_len: int, theta: float, device: torch.device | str | None = None
+    head_dim: int, max_len: int, theta: float, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape ``(max_len, head_dim)`` in float32."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device)
-                           / head_dim))
-    t = torch.arange(max_len, dtype=torch.float32, device=device)
+    """cos and sin tables of shape ``(max_len, head_dim)``, computed in float64 (angles at
+    long positions lose digits in float32) and rounded to ``dtype``."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    t = torch.arange(max_len, dtype=torch.float64)
     freqs = torch.outer(t, inv)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -137,6 +137,14 @@ class Transformer(nn.Module):
         logits = F.linear(h, self.embed.weight) if self.head is None else self.head(h)
         return self.logits_transform(logits)
 
+    def double(self) -> Transformer:
+        """float64 copy for reference checks, with RoPE tables recomputed in float64."""
+        super().double()
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta,
+                               dtype=torch.float64)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        return self
+
     # ----------------------------------------------------------------- initialisation
 
     @torch.no_grad()

@@ -1,0 +1,132 @@
+"""The command line: happy paths and the one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from modbench.cli import run_cli
+from modbench.data import builtin_dataset
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = run_cli(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "train", "--preset", "tiny", "--method", "post_ln+qknorm",
+                       "--steps", "12", "--out", str(tmp_path / "r"), "--no-progress")
+    assert code == 0, out
+    assert "status:  completed" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["method"] == "post_ln+qknorm" and summary["steps"] == 12
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--method", "qk_norm"], ["unknown method 'qk_norm'", "did you mean 'qknorm'"]),
+    (["--method", "post_ln+qknorm+post_ln"], ["listed twice"]),
+    (["--set", "model.d_modle=64"], ["unknown config key", "did you mean 'model.d_model'"]),
+    (["--set", "recipe.lr=fast"], ["recipe.lr", "number"]),
+    (["--preset", "tiny-ish"], ["unknown preset", "did you mean 'tiny'"]),
+    (["--recipe", "seed02"], ["unknown recipe", "did you mean 'seed002'"]),
+    (["--set", "data.source=/nonexistent/shards"], ["does not exist", "data prepare"]),
+])
+def test_bad_input_one_line_and_no_folder(argv: list[str], needles: list[str], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--steps", "2", "--out", str(out),
+                       "--no-progress", *argv)
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+
+
+def test_conflicting_methods_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.methods.test_registry import _placement_method
+    from modbench.methods import REGISTRY, register
+
+    register(_placement_method("zz_cli_placement"))
+    try:
+        code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                           "--method", "zz_cli_placement+post_ln", "--no-progress")
+    finally:
+        REGISTRY.pop("zz_cli_placement")
+    assert_one_line_error(code, err, "'zz_cli_placement' and 'post_ln'", "placement")
+    assert not (tmp_path / "r").exists()
+
+
+def test_vocab_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = builtin_dataset(512, 64, progress=False)
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                       "--set", f"data.source={data}", "--set", "model.vocab_size=600",
+                       "--no-progress")
+    assert_one_line_error(code, err, "512", "600")
+    assert not (tmp_path / "r").exists()
+
+
+def test_corrupt_and_missing_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(builtin_dataset(512, 64, progress=False), data)
+    shard = sorted(data.glob("train_*.bin"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                       "--set", f"data.source={data}", "--no-progress")
+    assert_one_line_error(code, err, shard.name)
+    shard.unlink()
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                       "--set", f"data.source={data}", "--no-progress")
+    assert_one_line_error(code, err, shard.name)
+    assert not (tmp_path / "r").exists()
+
+
+def test_wrong_packing_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = builtin_dataset(512, 32, progress=False)
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                       "--set", f"data.source={data}", "--no-progress")
+    assert_one_line_error(code, err, "train.seq_len=32")
+
+
+def test_resume_without_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "train", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                       "--resume", "--no-progress")
+    assert_one_line_error(code, err, "cannot resume")
+
+
+def test_presets_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "presets", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0
+    assert rows["climb-1.2b"]["params"] == 1_216_710_656
+    assert {"tiny", "cpu-small", "llama-60m", "llama-1b", "climb-3b"} <= set(rows)
+
+
+def test_methods_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "methods", "--json")
+    rows = json.loads(out)
+    assert code == 0
+    names = {r["name"] for r in rows}
+    assert {"post_ln", "layerscale", "qknorm"} <= names
+    for r in rows:
+        assert set(r) >= {"name", "category", "citation", "summary"}
+
+
+@pytest.mark.parametrize("cmd", [["train"], ["methods"], ["presets"], ["recipes"],
+                                 ["data", "prepare"], ["data", "info"], ["data", "verify"]])
+def test_every_command_has_help_with_example(cmd: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, *cmd, "--help")
+    assert code == 0 and "Example" in out
