@@ -54,8 +54,8 @@ def test_bad_input_one_line_and_no_folder(argv: list[str], needles: list[str], t
 
 
 def test_conflicting_methods_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.methods.test_registry import _placement_method
     from modbench.methods import REGISTRY, register
+    from tests.methods.test_registry import _placement_method
 
     register(_placement_method("zz_cli_placement"))
     try:

@@ -134,8 +134,9 @@ def presets(
         return
     for r in rows:
         m = r["model"]
-        typer.echo(f"{r['name']:<12} {r['params'] / 1e6:>9.2f}M  d={m['d_model']} L={m['n_layers']} "
-                   f"H={m['n_heads']}/{m['n_kv_heads']} ff={m['d_ff']} V={m['vocab_size']} "
+        typer.echo(f"{r['name']:<12} {r['params'] / 1e6:>9.2f}M  d={m['d_model']} "
+                   f"L={m['n_layers']} H={m['n_heads']}/{m['n_kv_heads']} ff={m['d_ff']} "
+                   f"V={m['vocab_size']} "
                    f"T={m['max_seq_len']}  recipe={r['recipe']}")
 
 

@@ -104,8 +104,8 @@ class RecipeConfig:
 
     def warmup_for(self, steps: int) -> int:
         if self.warmup_steps is not None:
-            return int(self.warmup_steps)
-        return int(round(self.warmup_frac * steps))
+            return self.warmup_steps
+        return round(self.warmup_frac * steps)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -153,7 +153,7 @@ def test_compatible_methods_sharing_a_slot_key_are_allowed(temp_methods: list[st
 
 def test_recipe_exceptions_applied_and_recorded(temp_methods: list[str], tmp_path: Path) -> None:
     class _NoWD(_placement_method("zz_nowd")):  # type: ignore[misc]
-        recipe_exceptions = {"weight_decay": 0.0, "warmup_steps": 0}
+        recipe_exceptions: ClassVar[dict[str, Any]] = {"weight_decay": 0.0, "warmup_steps": 0}
 
         def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
             pass

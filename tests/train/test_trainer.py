@@ -79,7 +79,7 @@ def test_resume_reaches_exactly_the_uninterrupted_losses(tmp_path: Path) -> None
 
 def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
     train(tiny("baseline", 0, 4), tmp_path / "r", progress=False)
-    with pytest.raises(ModbenchError, match="differs .* in recipe.lr"):
+    with pytest.raises(ModbenchError, match=r"differs .* in recipe\.lr"):
         train(tiny("baseline", 0, 4, "recipe.lr=0.01"), tmp_path / "r", resume=True,
               progress=False)
 

@@ -67,12 +67,12 @@ def code_version() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def open_data(cfg: RunConfig) -> Any:
+def open_data(cfg: RunConfig, progress: bool = True) -> Any:
     """Open (preparing the built-in corpus if needed) and check the token data."""
     from modbench.data import builtin_dataset, open_dataset
 
     if cfg.data.source == "builtin":
-        path = builtin_dataset(cfg.model.vocab_size, cfg.train.seq_len)
+        path = builtin_dataset(cfg.model.vocab_size, cfg.train.seq_len, progress=progress)
     else:
         path = Path(cfg.data.source)
         if not path.exists():
@@ -149,7 +149,7 @@ class Trainer:
         # 2. the run folder
         self._check_out_dir()
         # 3. data (missing, corrupt, wrong vocabulary, wrong packing)
-        self.data = open_data(cfg)
+        self.data = open_data(cfg, progress)
         self.device = resolve_device(cfg.train.device)
         self.callbacks: list[Callback] = [cb for m in self.plan.methods for cb in m.callbacks()]
         self.callbacks += list(callbacks)

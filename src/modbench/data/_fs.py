@@ -1,0 +1,81 @@
+"""Filesystem helpers: the cache directory and atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from modbench.errors import ModbenchError
+
+CACHE_ENV = "MODBENCH_CACHE"
+
+
+def cache_dir() -> Path:
+    """Return the modbench cache directory, creating it if needed.
+
+    ``$MODBENCH_CACHE`` when set (and non-empty), else ``~/.cache/modbench``.
+    """
+    env = os.environ.get(CACHE_ENV, "").strip()
+    path = Path(env).expanduser() if env else Path.home() / ".cache" / "modbench"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModbenchError(
+            f"cannot create the cache directory {path} ({exc.strerror}); "
+            f"set {CACHE_ENV} to a writable directory"
+        ) from exc
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _umask() -> int:
+    """The process umask (read once: reading it means briefly setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp_name, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+
+
+def make_tmp_dir_next_to(target: Path) -> Path:
+    """Create a fresh hidden temporary directory in ``target``'s parent directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the final dir should not be
+    return tmp
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree, ignoring errors (used for cleanup on failure)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's contents."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,287 @@
+"""Reading prepared datasets: validation, memory-mapped shards, deterministic batches."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from modbench.data._fs import sha256_file
+from modbench.data.prepare import FORMAT, FORMAT_VERSION, METADATA_FILE, SPLITS, TOKENIZER_FILE
+from modbench.errors import ModbenchError
+
+_PREPARE_HINT = "re-run `modbench data prepare`"
+_PERM_CACHE_SIZE = 2
+
+
+def _shard_error(path: Path, problem: str) -> ModbenchError:
+    return ModbenchError(f"shard {path} {problem}; the dataset is damaged, {_PREPARE_HINT}")
+
+
+def _bad_meta(path: Path, problem: str) -> ModbenchError:
+    return ModbenchError(f"{path / METADATA_FILE} {problem}; {_PREPARE_HINT} to rebuild it")
+
+
+def _load_metadata(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise ModbenchError(
+            f"dataset directory {path} does not exist; create it with "
+            f"`modbench data prepare --source ... --out {path}`"
+        )
+    meta_path = path / METADATA_FILE
+    if not meta_path.is_file():
+        raise ModbenchError(
+            f"{meta_path} is missing, so {path} is not a prepared dataset; {_PREPARE_HINT}"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad_meta(path, f"is corrupt ({type(exc).__name__})") from exc
+    if not isinstance(meta, dict):
+        raise _bad_meta(path, "is not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise _bad_meta(path, f"has format {meta.get('format')!r}, expected {FORMAT!r}")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModbenchError(
+            f"{path} uses dataset format version {version!r} but this modbench reads version "
+            f"{FORMAT_VERSION}; {_PREPARE_HINT} with this version"
+        )
+    try:
+        seq_len = meta["seq_len"]
+        tok = meta["tokenizer"]
+        ok = (
+            isinstance(seq_len, int)
+            and seq_len >= 2
+            and meta["dtype"] in ("uint16", "uint32")
+            and isinstance(tok["vocab_size"], int)
+            and isinstance(tok["eos_id"], int)
+        )
+        for split in SPLITS:
+            info = meta["splits"][split]
+            ok = ok and isinstance(info["sequences"], int)
+            total = 0
+            for shard in info["shards"]:
+                ok = ok and isinstance(shard["file"], str) and "/" not in shard["file"]
+                ok = ok and isinstance(shard["sequences"], int) and shard["sequences"] > 0
+                ok = ok and isinstance(shard["sha256"], str)
+                total += shard["sequences"]
+            ok = ok and total == info["sequences"]
+    except (KeyError, TypeError) as exc:
+        raise _bad_meta(path, f"is incomplete (missing or malformed {exc})") from exc
+    if not ok:
+        raise _bad_meta(path, "has inconsistent fields")
+    return meta
+
+
+class TokenDataset:
+    """A prepared dataset: ``metadata.json`` + memory-mapped ``{split}_NNNNN.bin`` shards.
+
+    Opening checks that the metadata parses, that every shard exists with the right byte size
+    and, when ``verify`` is true, that every shard's sha256 matches.
+    """
+
+    def __init__(self, path: str | Path, verify: bool = True) -> None:
+        self.path = Path(path).expanduser()
+        self.meta: dict[str, Any] = _load_metadata(self.path)
+        self.seq_len: int = int(self.meta["seq_len"])
+        self.vocab_size: int = int(self.meta["tokenizer"]["vocab_size"])
+        self.eos_id: int = int(self.meta["tokenizer"]["eos_id"])
+        self.dtype = np.dtype("<u2") if self.meta["dtype"] == "uint16" else np.dtype("<u4")
+        self._shards: dict[str, list[np.memmap[Any, Any]]] = {}
+        self._offsets: dict[str, np.ndarray] = {}
+        for split in SPLITS:
+            maps: list[np.memmap[Any, Any]] = []
+            counts = [0]
+            for shard in self.meta["splits"][split]["shards"]:
+                maps.append(self._open_shard(shard, verify))
+                counts.append(counts[-1] + int(shard["sequences"]))
+            self._shards[split] = maps
+            self._offsets[split] = np.asarray(counts, dtype=np.int64)
+        self._perm_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+
+    # ------------------------------------------------------------------ opening / checking
+    def _open_shard(self, shard: dict[str, Any], verify: bool) -> np.memmap[Any, Any]:
+        file = self.path / shard["file"]
+        if not file.is_file():
+            raise _shard_error(file, "is missing")
+        rows = int(shard["sequences"])
+        expected = rows * self.seq_len * self.dtype.itemsize
+        size = file.stat().st_size
+        if size != expected:
+            raise _shard_error(file, f"has {size} bytes, expected {expected}")
+        if verify and sha256_file(file) != shard["sha256"]:
+            raise _shard_error(file, "fails its sha256 checksum")
+        return np.memmap(file, dtype=self.dtype, mode="r", shape=(rows, self.seq_len))
+
+    def verify(self) -> list[str]:
+        """Re-check every shard's sha256 and the tokenizer file; return the files checked."""
+        checked: list[str] = []
+        for split in SPLITS:
+            for shard in self.meta["splits"][split]["shards"]:
+                file = self.path / shard["file"]
+                if not file.is_file():
+                    raise _shard_error(file, "is missing")
+                if sha256_file(file) != shard["sha256"]:
+                    raise _shard_error(file, "fails its sha256 checksum")
+                checked.append(shard["file"])
+        tok_file = self.path / self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+        if not tok_file.is_file():
+            raise ModbenchError(f"{tok_file} is missing; {_PREPARE_HINT}")
+        if sha256_file(tok_file) != self.meta["tokenizer"]["sha256"]:
+            raise ModbenchError(f"{tok_file} fails its sha256 checksum; {_PREPARE_HINT}")
+        checked.append(tok_file.name)
+        return checked
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the dataset was prepared with (its copied ``tokenizer.json``)."""
+        tok_file = self.path / self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+        if not tok_file.is_file():
+            raise ModbenchError(f"{tok_file} is missing; {_PREPARE_HINT}")
+        try:
+            return Tokenizer.from_file(str(tok_file))
+        except Exception as exc:
+            raise ModbenchError(f"{tok_file} is corrupt; {_PREPARE_HINT}") from exc
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Raise unless the model's vocabulary size equals the data's."""
+        if int(model_vocab_size) != self.vocab_size:
+            raise ModbenchError(
+                f"the data in {self.path} has vocab size {self.vocab_size} but the model has "
+                f"{model_vocab_size}; use --set model.vocab_size={self.vocab_size}, or re-prepare "
+                f"the data with a tokenizer of {model_vocab_size} tokens"
+            )
+
+    def num_sequences(self, split: str) -> int:
+        """Number of ``seq_len`` rows in ``split`` ("train" or "val")."""
+        return int(self._offsets[self._check_split(split)][-1])
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenDataset({str(self.path)!r}, seq_len={self.seq_len}, "
+            f"vocab_size={self.vocab_size}, train={self.num_sequences('train')}, "
+            f"val={self.num_sequences('val')})"
+        )
+
+    def _check_split(self, split: str) -> str:
+        if split not in SPLITS:
+            raise ModbenchError(f"unknown split {split!r}; use 'train' or 'val'")
+        return split
+
+    def _require_rows(self, split: str) -> int:
+        n = self.num_sequences(split)
+        if n == 0:
+            docs = self.meta.get("documents", {}).get(split, "?")
+            raise ModbenchError(
+                f"the {split} split of {self.path} has no sequences ({docs} documents, fewer "
+                f"tokens than seq_len={self.seq_len}); use more data, a smaller --seq-len"
+                + (" or a larger --val-fraction" if split == "val" else "")
+            )
+        return n
+
+    # ------------------------------------------------------------------ reading rows
+    def _rows(self, split: str, indices: np.ndarray) -> np.ndarray:
+        """Gather rows by global index (any order, repeats allowed) as an int64 array."""
+        out = np.empty((indices.size, self.seq_len), dtype=np.int64)
+        offsets = self._offsets[split]
+        shard_of = np.searchsorted(offsets, indices, side="right") - 1
+        for s in np.unique(shard_of):
+            sel = np.nonzero(shard_of == s)[0]
+            local = indices[sel] - offsets[s]
+            out[sel] = self._shards[split][int(s)][local]
+        return out
+
+    def _permutation(self, data_seed: int, epoch: int, n: int) -> np.ndarray:
+        key = (data_seed, epoch)
+        perm = self._perm_cache.get(key)
+        if perm is None:
+            perm = np.random.default_rng([data_seed, epoch]).permutation(n)
+            self._perm_cache[key] = perm
+            while len(self._perm_cache) > _PERM_CACHE_SIZE:
+                self._perm_cache.popitem(last=False)
+        else:
+            self._perm_cache.move_to_end(key)
+        return perm
+
+    def train_indices(self, step: int, batch_size: int, data_seed: int) -> np.ndarray:
+        """Row indices of training batch ``step`` (see :meth:`train_batch`)."""
+        for name, value, low in (
+            ("step", step, 0),
+            ("batch_size", batch_size, 1),
+            ("data_seed", data_seed, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+                raise ModbenchError(f"{name} must be an integer >= {low}, got {value!r}")
+        n = self._require_rows("train")
+        first = int(step) * int(batch_size)
+        sample = np.arange(first, first + int(batch_size), dtype=np.int64)
+        epochs = sample // n
+        positions = sample % n
+        indices = np.empty(batch_size, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            sel = epochs == epoch
+            indices[sel] = self._permutation(int(data_seed), int(epoch), n)[positions[sel]]
+        return indices
+
+    def train_batch(self, step: int, batch_size: int, data_seed: int) -> torch.Tensor:
+        """Training batch ``step`` as a ``(batch_size, seq_len)`` int64 tensor.
+
+        A pure function of ``(data_seed, step, batch_size)``: the training rows form an
+        infinite stream whose epoch ``e`` is ``np.random.default_rng([data_seed, e])
+        .permutation(N_train)``, and batch ``step`` is samples ``[step*B, (step+1)*B)`` of that
+        stream. Any step can be requested directly (resume) at the cost of one permutation.
+        """
+        rows = self._rows("train", self.train_indices(step, batch_size, data_seed))
+        return torch.from_numpy(rows)
+
+    def val_batches(self, max_sequences: int | None, batch_size: int) -> Iterator[torch.Tensor]:
+        """The first ``max_sequences`` validation rows (all when None), in stored order.
+
+        Yields ``(b, seq_len)`` int64 tensors with ``b == batch_size`` except possibly the last.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ModbenchError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        n = self._require_rows("val")
+        if max_sequences is not None:
+            if max_sequences < 1:
+                raise ModbenchError(f"max_sequences must be >= 1 or None, got {max_sequences!r}")
+            n = min(n, int(max_sequences))
+        return self._val_iter(n, batch_size)
+
+    def _val_iter(self, n: int, batch_size: int) -> Iterator[torch.Tensor]:
+        for start in range(0, n, batch_size):
+            idx = np.arange(start, min(start + batch_size, n), dtype=np.int64)
+            yield torch.from_numpy(self._rows("val", idx))
+
+    def summary(self) -> str:
+        """A human-readable multi-line summary of the metadata."""
+        m = self.meta
+        tok = m["tokenizer"]
+        lines = [
+            f"dataset     {self.path}",
+            f"source      {m.get('source')}",
+            f"tokenizer   {tok.get('spec')} (vocab {tok['vocab_size']}, eos id {tok['eos_id']}, "
+            f"sha256 {str(tok.get('sha256', ''))[:12]})",
+            f"seq_len     {self.seq_len} ({m['dtype']})",
+            f"tokens      {m.get('tokens')} tokenized, {m.get('tokens_discarded')} discarded "
+            "by packing",
+        ]
+        for split in SPLITS:
+            info = m["splits"][split]
+            lines.append(
+                f"{split:<11} {m.get('documents', {}).get(split, '?')} documents, "
+                f"{info['sequences']} sequences ({info['sequences'] * self.seq_len} tokens) "
+                f"in {len(info['shards'])} shard(s)"
+            )
+        return "\n".join(lines)
+
+
+def open_dataset(path: str | Path, verify: bool = True) -> TokenDataset:
+    """Open a prepared dataset directory (see :class:`TokenDataset`)."""
+    return TokenDataset(path, verify=verify)
