@@ -130,3 +130,11 @@ def test_every_command_has_help_with_example(cmd: list[str],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, *cmd, "--help")
     assert code == 0 and "Example" in out
+
+
+def test_divergence_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "train", "--preset", "tiny", "--steps", "30", "--out",
+                       str(tmp_path / "r"), "--no-progress", "--set", "recipe.lr=1e30",
+                       "--set", "recipe.grad_clip=0", "--set", "recipe.warmup_frac=0")
+    assert code == 0 and "status:  diverged at step" in out
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "diverged"

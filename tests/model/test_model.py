@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -103,3 +105,47 @@ def test_lm_loss_is_shifted_cross_entropy() -> None:
     idx = torch.randint(0, 7, (2, 5))
     manual = -torch.log_softmax(logits, -1)[:, :-1].gather(-1, idx[:, 1:, None]).mean()
     torch.testing.assert_close(lm_loss(logits, idx), manual)
+
+
+def test_stream_shows_every_earlier_sublayer() -> None:
+    """Each merge sees the stream state with one record per earlier sublayer: its input,
+    its output and the stream value after it (the interface cross-layer methods build on)."""
+    from modbench.model.spec import ModelSpec
+    from modbench.model.stream import StreamState
+    from modbench.model.transformer import Transformer, baseline_spec
+
+    seen: list[tuple[int, str, int]] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self, layer: int, sub: str) -> None:
+            super().__init__()
+            self.layer, self.sub = layer, sub
+
+        def forward(self, x: torch.Tensor, out: torch.Tensor, state: StreamState) -> torch.Tensor:
+            seen.append((self.layer, self.sub, len(state.history)))
+            for r in state.history:  # plain addition: after = input + output
+                torch.testing.assert_close(r.after, r.input + r.output)
+            if state.history:
+                assert state.history[-1].after is x
+            else:
+                assert x is state.embedding
+            return x + out
+
+    cfg = small_cfg(n_layers=3)
+    spec: ModelSpec = baseline_spec()
+    spec.fill("merge", lambda c, layer, sub: Probe(layer, sub), by="probe")
+    model = Transformer(cfg, spec)
+    model.init_weights()
+    model(torch.randint(0, cfg.vocab_size, (1, 5)))
+    assert seen == [(0, "attn", 0), (0, "ffn", 1), (1, "attn", 2), (1, "ffn", 3),
+                    (2, "attn", 4), (2, "ffn", 5)]
+
+
+def test_bf16_autocast_path_trains(tmp_path: Path) -> None:
+    """recipe.precision=bf16 runs the autocast path (on CPU here; on CUDA by default)."""
+    from modbench.train.trainer import train
+    from tests.helpers import tiny
+
+    s = train(tiny("qknorm", 0, 6, "recipe.precision=bf16"), tmp_path / "r",
+              progress=False)
+    assert s["status"] == "completed" and s["final_val_loss"] < s["initial_val_loss"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import os
 import shutil
@@ -11,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from modbench.errors import ModbenchError
+from modbench.fsutil import umask
 
 CACHE_ENV = "MODBENCH_CACHE"
 
@@ -32,36 +31,11 @@ def cache_dir() -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=1)
-def _umask() -> int:
-    """The process umask (read once: reading it means briefly setting it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp_name, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        raise
-
-
 def make_tmp_dir_next_to(target: Path) -> Path:
     """Create a fresh hidden temporary directory in ``target``'s parent directory."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the final dir should not be
+    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it 0700; the final dir should not be
     return tmp
 
 

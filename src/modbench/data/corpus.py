@@ -165,7 +165,8 @@ def _load_cached(path: Path) -> tuple[str, ...] | None:
 @functools.lru_cache(maxsize=1)
 def _builtin_documents_cached() -> tuple[str, ...]:
     """The corpus, memoized in-process and on disk (parsing the stdlib takes a few seconds)."""
-    from modbench.data._fs import atomic_write_bytes, cache_dir
+    from modbench.data._fs import cache_dir
+    from modbench.fsutil import atomic_write_bytes
 
     try:
         path = cache_dir() / "corpus" / f"builtin-corpus-{_source_signature()[:20]}.json"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from modbench.data._fs import atomic_write_bytes, cache_dir, sha256_bytes
+from modbench.data._fs import cache_dir, sha256_bytes
 from modbench.data.corpus import builtin_corpus_fingerprint, builtin_split
 from modbench.errors import ModbenchError, suggest
+from modbench.fsutil import atomic_write_bytes
 
 EOS_TOKEN = "<|endoftext|>"
 """The document separator / end-of-sequence token of modbench's own tokenizers (id 0)."""

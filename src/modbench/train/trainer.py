@@ -33,10 +33,11 @@ from tqdm.auto import tqdm
 import modbench
 from modbench.config import RunConfig, dump_yaml
 from modbench.errors import ModbenchError
+from modbench.fsutil import atomic_write_text
 from modbench.methods.base import collect_recipe_exceptions
 from modbench.model.build import Plan, build_model, count_params, plan
 from modbench.model.transformer import lm_loss
-from modbench.train.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from modbench.train.checkpoint import load_checkpoint, save_checkpoint
 from modbench.train.optim import build_optimizer
 from modbench.train.schedule import lr_at
 
