@@ -138,3 +138,26 @@ def test_divergence_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str
                        "--set", "recipe.grad_clip=0", "--set", "recipe.warmup_frac=0")
     assert code == 0 and "status:  diverged at step" in out
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_resume_from_the_run_folder_alone(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`modbench train --out DIR --resume` needs nothing else: the run's config.yaml is used."""
+    from modbench.train.trainer import train
+    from tests.helpers import read_metrics, tiny
+    from tests.train.test_trainer import Kill
+
+    def cfg():  # type: ignore[no-untyped-def]
+        return tiny("layerscale+qknorm", 4, 12, "train.checkpoint_every=4")
+
+    train(cfg(), tmp_path / "full", progress=False)
+    with pytest.raises(RuntimeError):
+        train(cfg(), tmp_path / "cut", callbacks=[Kill(10)], progress=False)
+    code, _, err = cli(capsys, "train", "--out", str(tmp_path / "cut"), "--resume",
+                       "--no-progress")
+    assert code == 0, err
+    losses = lambda p: [r["loss"] for r in read_metrics(p) if r["kind"] == "train"]  # noqa: E731
+    assert losses(tmp_path / "cut") == losses(tmp_path / "full")
+    code, _, err = cli(capsys, "train", "--out", str(tmp_path / "cut"), "--resume", "--seed",
+                       "5", "--no-progress")
+    assert_one_line_error(code, err, "seed")

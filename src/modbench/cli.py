@@ -34,11 +34,13 @@ _mount_data()
 
 @app.command()
 def train(
-    preset: Annotated[str, typer.Option(help="Model/training preset (`modbench presets`).")] = (
-        "cpu-small"),
-    method: Annotated[str, typer.Option(
-        help="Method string: names joined by '+', options in parentheses.")] = "baseline",
-    seed: Annotated[int, typer.Option(help="Init seed (the data order never depends on it).")] = 0,
+    preset: Annotated[str | None, typer.Option(
+        help="Model/training preset (`modbench presets`) [default: cpu-small].")] = None,
+    method: Annotated[str | None, typer.Option(
+        help="Method string: names joined by '+', options in parentheses "
+             "[default: baseline].")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Init seed; the data order never depends on it [default: 0].")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps (preset default).")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>).")] = None,
@@ -49,7 +51,8 @@ def train(
     checkpoint_every: Annotated[int | None, typer.Option(
         help="Write a checkpoint every K steps.")] = None,
     resume: Annotated[bool, typer.Option(
-        help="Continue the run in --out from its last checkpoint.")] = False,
+        help="Continue the run in --out from its last checkpoint (its config.yaml is the "
+             "starting point; other options must agree with it).")] = False,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Dotted override key=value, repeatable (e.g. recipe.lr=1e-3).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -67,6 +70,8 @@ def train(
     overrides = list(set_ or [])
     if checkpoint_every is not None:
         overrides.append(f"train.checkpoint_every={checkpoint_every}")
+    if resume and config is None and out is not None and (out / "config.yaml").is_file():
+        config = out / "config.yaml"
     cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
                   overrides=overrides)
     if out is None:

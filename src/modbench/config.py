@@ -198,6 +198,16 @@ def _llama(vocab: int, d: int, layers: int, heads: int, ff: int) -> ModelConfig:
                        tie_embeddings=False)
 
 
+def _climb(name: str, d: int, layers: int, ff: int, note: str) -> Preset:
+    # seeds/002_* §3.2: 32 heads with 8 KV heads, context 1024, vocab 65664, tied embeddings;
+    # 44,000 steps of 512 x 1024 tokens, the seed002 recipe.
+    model = ModelConfig(vocab_size=65664, d_model=d, n_layers=layers, n_heads=32, n_kv_heads=8,
+                        d_ff=ff, max_seq_len=1024, tie_embeddings=True)
+    train = {"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
+             "eval_sequences": 1024, "checkpoint_every": 1000}
+    return Preset(name, model, "seed002", train, note)
+
+
 _LLAMA_TRAIN = {"batch_size": 512, "seq_len": 256, "eval_every": 1000, "eval_sequences": 2048,
                 "checkpoint_every": 1000}
 _MIXLN_NOTE = ("LLaMA shape of the Mix-LN / LayerNorm-Scaling scripts (seeds/000_*); batch 512 x "
@@ -237,29 +247,15 @@ PRESETS: dict[str, Preset] = {
                {**_LLAMA_TRAIN, "steps": 60000}, _MIXLN_NOTE),
         Preset("llama-1b", _llama(32000, 2048, 24, 32, 5461), "c4-mixln",
                {**_LLAMA_TRAIN, "steps": 90000}, _MIXLN_NOTE + " The scripts use lr 5e-4 at 1B."),
-        Preset(
-            "climb-1.2b",
-            ModelConfig(vocab_size=65664, d_model=2048, n_layers=24, n_heads=32, n_kv_heads=8,
-                        d_ff=5632, max_seq_len=1024, tie_embeddings=True),
-            recipe="seed002",
-            train={"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
-                   "eval_sequences": 1024, "checkpoint_every": 1000},
-            note="seeds/002_* §3.2: 24 layers, hidden 2048, 32 heads / 8 KV heads, SwiGLU 5632, "
-                 "context 1024, vocab 65664, tied embeddings (1.217B parameters, Table 4); "
-                 "44,000 steps of 512 x 1024 tokens (23.07B tokens).",
-        ),
-        Preset(
-            "climb-3b",
-            ModelConfig(vocab_size=65664, d_model=3072, n_layers=28, n_heads=32, n_kv_heads=8,
-                        d_ff=8192, max_seq_len=1024, tie_embeddings=True),
-            recipe="seed002",
-            train={"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
-                   "eval_sequences": 1024, "checkpoint_every": 1000},
-            note="seeds/002_* §5: 28 layers, hidden 3072, FFN 8192. The seed says only 'all other "
-                 "details identical', so heads (32), KV heads (8), vocab, context and tying are "
-                 "taken from climb-1.2b; the step count is not given (60.04B tokens would be "
-                 "~114,500 steps at 512 x 1024) and is left at the 1.2B value: set train.steps.",
-        ),
+        _climb("climb-1.2b", 2048, 24, 5632,
+               "seeds/002_* §3.2: 24 layers, hidden 2048, 32 heads / 8 KV heads, SwiGLU 5632, "
+               "context 1024, vocab 65664, tied embeddings (1.217B parameters, Table 4); "
+               "44,000 steps of 512 x 1024 tokens (23.07B tokens)."),
+        _climb("climb-3b", 3072, 28, 8192,
+               "seeds/002_* §5: 28 layers, hidden 3072, FFN 8192. The seed says only 'all other "
+               "details identical', so heads (32), KV heads (8), vocab, context and tying are "
+               "taken from climb-1.2b; the step count is not given (60.04B tokens would be "
+               "~114,500 steps at 512 x 1024) and is left at the 1.2B value: set train.steps."),
     ]
 }
 
@@ -299,8 +295,11 @@ RECIPES: dict[str, RecipeConfig] = {
 # Resolution and overrides
 
 
+DEFAULT_PRESET = "cpu-small"
+
+
 def resolve(
-    preset: str = "cpu-small",
+    preset: str | None = None,
     *,
     recipe: str | None = None,
     yaml_file: str | Path | None = None,
@@ -309,7 +308,18 @@ def resolve(
     steps: int | None = None,
     overrides: list[str] | None = None,
 ) -> RunConfig:
-    """Build a validated :class:`RunConfig` (method recipe exceptions are applied later)."""
+    """Build a validated :class:`RunConfig` (method recipe exceptions are applied later).
+
+    The preset is the argument, else the YAML file's ``preset``, else ``cpu-small``. A YAML
+    file may be a run's own ``config.yaml`` (its ``meta`` section is ignored).
+    """
+    tree: dict[str, Any] = {}
+    if yaml_file is not None:
+        tree = load_yaml(yaml_file)
+        tree.pop("meta", None)
+        if preset is not None:
+            tree["preset"] = preset
+    preset = str(preset or tree.get("preset") or DEFAULT_PRESET)
     if preset not in PRESETS:
         raise ModbenchError(
             f"unknown preset '{preset}'{suggest(preset, PRESETS)}; "
@@ -317,12 +327,6 @@ def resolve(
         )
     p = PRESETS[preset]
     cfg = RunConfig(preset=preset, model=copy.deepcopy(p.model))
-    tree: dict[str, Any] = {}
-    if yaml_file is not None:
-        tree = load_yaml(yaml_file)
-        if "preset" in tree and tree["preset"] != preset:
-            return resolve(str(tree["preset"]), recipe=recipe, yaml_file=yaml_file,
-                           method=method, seed=seed, steps=steps, overrides=overrides)
     recipe_tree = tree.get("recipe") if isinstance(tree.get("recipe"), dict) else {}
     recipe_name = str(recipe or recipe_tree.get("name") or p.recipe)
     if recipe_name not in RECIPES:
