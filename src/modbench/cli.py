@@ -113,6 +113,9 @@ def methods(
     for r in rows:
         opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
         typer.echo(f"{r['name']:<16} {r['category']:<12} {r['summary']}")
+        if r["leaks_across_positions"]:
+            typer.echo(f"{'':<29} note: batch statistics mix positions in training mode "
+                       "(future tokens leak into earlier outputs)")
         if opts:
             typer.echo(f"{'':<29} options: {opts}")
 

@@ -57,6 +57,29 @@ def test_parameter_overhead_as_documented(method: str, shape: dict[str, Any]) ->
     assert count_params(cfg) - base == m.extra_params(cfg)
 
 
+@pytest.mark.parametrize("method", ALL)
+def test_flop_overhead_is_documented(method: str) -> None:
+    cfg = tiny().model
+    (m,) = parse_methods(method)
+    value = m.extra_flops(cfg, 64)
+    assert isinstance(value, int | float) and math.isfinite(value)
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_causal_in_eval_mode(method: str) -> None:
+    """Changing a later token never changes an earlier output (eval mode; batch-statistic
+    methods declare their training-mode leak instead)."""
+    cfg = tiny(method).model
+    model = build_model(cfg, seed=0).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    changed = idx.clone()
+    changed[:, 16:] = (changed[:, 16:] + 7) % cfg.vocab_size
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :16], b[:, :16], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(a[:, 16:], b[:, 16:])
+
+
 def test_every_method_has_a_complete_entry() -> None:
     for name, cls in load_all().items():
         info = cls.info()

@@ -48,6 +48,9 @@ class Method:
     summary: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     recipe_exceptions: ClassVar[dict[str, Any]] = {}
+    # True for batch-statistic methods (PowerNorm, PRepBN): in training mode a token's output
+    # depends on other positions (future ones included); shown by `modbench methods`.
+    leaks_across_positions: ClassVar[bool] = False
 
     def __init__(self, options: Any = None) -> None:
         self.opts = options if options is not None else self.Options()
@@ -68,6 +71,14 @@ class Method:
         """Documented parameter overhead over the baseline for this config (the formula in the
         docstring). The shared registry test checks it against the built model."""
         raise NotImplementedError(f"method {self.name} does not document its parameter overhead")
+
+    def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
+        """Documented extra *forward* FLOPs per token over the baseline, at this config and
+        training sequence length. Convention (seeds/002_* Appendix C, and what
+        ``torch.utils.flop_counter`` counts): matrix multiplications only, 2 FLOPs per
+        multiply-add, attention scores and mixing included, element-wise ops not counted.
+        Training FLOPs are 3x forward."""
+        raise NotImplementedError(f"method {self.name} does not document its FLOP overhead")
 
     @property
     def label(self) -> str:
@@ -91,6 +102,7 @@ class Method:
                 f.name: _default_of(f) for f in dataclasses.fields(cls.Options)
             },
             "recipe_exceptions": dict(cls.recipe_exceptions),
+            "leaks_across_positions": cls.leaks_across_positions,
         }
 
 

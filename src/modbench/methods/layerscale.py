@@ -76,3 +76,6 @@ class LayerScale(Method):
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return 2 * cfg.d_model * cfg.n_layers
+
+    def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
+        return 0.0  # an element-wise product per sublayer

@@ -43,3 +43,6 @@ class PostLN(Method):
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return 0  # two norms per layer move from the inputs to after the merges
+
+    def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
+        return 0.0  # norms are element-wise

@@ -80,3 +80,6 @@ class QKNorm(Method):
         if self.opts.scope == "head":
             return 2 * cfg.head_dim * cfg.n_layers
         return (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim * cfg.n_layers
+
+    def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
+        return 0.0  # norms are element-wise

@@ -38,7 +38,7 @@ def baseline_spec() -> ModelSpec:
         "attn": attention_factory,
         "ffn": gated_ffn_factory,
         "merge": add_merge_factory,
-        "stream": lambda cfg: additive_stream_factory(cfg),
+        "stream": additive_stream_factory,
     }.items():
         spec.fill(slot, value, by="baseline")
     return spec

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -164,8 +165,6 @@ class Trainer:
                 raise ModbenchError(
                     f"cannot resume: {self.out} has no {CHECKPOINT}; run without --resume"
                 )
-            import yaml
-
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
             now = self.cfg.to_dict()
@@ -214,7 +213,7 @@ class Trainer:
                 meta = {"meta": {"code": code_version(), "slots": self.plan.spec.describe(),
                                  "params": count_params(cfg.model)}}
                 atomic_write_text(self.out / "config.yaml",
-                                  dump_yaml(cfg) + "\n" + _yaml_dump(meta))
+                                  dump_yaml(cfg) + "\n" + yaml.safe_dump(meta, sort_keys=False))
         except BaseException:
             if created and not self.resume:
                 shutil.rmtree(self.out, ignore_errors=True)
@@ -352,12 +351,6 @@ def _ppl(loss: float | None) -> float:
     if loss is None or not math.isfinite(loss):
         return float("nan")
     return math.exp(min(loss, 700.0))
-
-
-def _yaml_dump(tree: dict[str, Any]) -> str:
-    import yaml
-
-    return yaml.safe_dump(tree, sort_keys=False)
 
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> Iterable[str]:
