@@ -23,13 +23,15 @@ app = typer.Typer(
 )
 
 
-def _mount_data() -> None:
+def _mount_subcommands() -> None:
     from modbench.data.cli import data_app
+    from modbench.eval.cli import eval_command
 
     app.add_typer(data_app, name="data")
+    app.command(name="eval")(eval_command)
 
 
-_mount_data()
+_mount_subcommands()
 
 
 @app.command()

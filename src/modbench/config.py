@@ -143,6 +143,7 @@ class DataConfig:
     source: str = "builtin"  # builtin | path to a directory written by `modbench data prepare`
     data_seed: int = 1234  # fixes the batch order, independent of the init seed
     verify: bool = True  # check shard checksums when opening
+    probe_mix: float = 0.0  # fraction of each training batch replaced by mqar/induction rows
 
 
 @dataclass

@@ -89,6 +89,10 @@ def open_data(cfg: RunConfig, progress: bool = True) -> Any:
             f"data at {path} is packed in rows of {ds.seq_len} tokens but train.seq_len is "
             f"{cfg.train.seq_len}; use --set train.seq_len={ds.seq_len} or re-prepare the data"
         )
+    if cfg.data.probe_mix:
+        from modbench.data.mix import ProbeMixDataset
+
+        return ProbeMixDataset(ds, cfg.data.probe_mix)
     return ds
 
 

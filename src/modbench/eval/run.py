@@ -1,0 +1,95 @@
+"""``modbench eval``: held-out loss and offline probes of a trained run, into ``eval.json``.
+
+``RUN_DIR/eval.json``::
+
+    {"run": "...", "method": "...", "preset": "...", "seed": 0, "step": 300,
+     "validation": {"loss": 5.47, "ppl": 238.0, "sequences": 128},
+     "tasks": {"mqar": {"accuracy": 0.41, "n": 200, "chance": 0.0156,
+                        "items": [{"score": 0.5, "hits": 4, "scored": 8}, ...]}, ...}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from modbench.config import resolve
+from modbench.errors import ModbenchError
+from modbench.eval.probes import PROBES, ProbeSet, cloze_set, score, synthetic_set
+from modbench.fsutil import atomic_write_text
+from modbench.model.build import build_model
+from modbench.train.checkpoint import load_checkpoint
+from modbench.train.trainer import CHECKPOINT, open_data, resolve_device, validation_loss
+
+DEFAULT_PROBE_ITEMS = 200
+
+
+def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, torch.nn.Module,
+                                                                         int]:
+    """The run's config, its model with the last checkpoint's weights, and that step."""
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.is_file():
+        raise ModbenchError(f"{run_dir} is not a run folder (no config.yaml); pass the --out "
+                            "folder of a `modbench train` run")
+    cfg = resolve(yaml_file=cfg_file)
+    state = load_checkpoint(run_dir / CHECKPOINT)
+    model = build_model(cfg.model, seed=cfg.seed)
+    model.load_state_dict(state["model"])
+    model.to(device or "cpu").eval()
+    return cfg, model, int(state["step"])
+
+
+def held_out_documents(data: Any, limit: int | None = None) -> list[str]:
+    """Held-out text: the validation rows decoded and split at EOS (never trained on)."""
+    tok = data.tokenizer()
+    docs: list[str] = []
+    for batch in data.val_batches(limit, 64):
+        for row in batch.tolist():
+            text = tok.decode(row, skip_special_tokens=False)
+            docs += [d.strip() for d in text.split("<|endoftext|>") if len(d.strip()) > 80]
+    return docs
+
+
+def probe_sets(cfg: Any, data: Any, n: int) -> list[ProbeSet]:
+    v, t = cfg.model.vocab_size, cfg.train.seq_len
+    return [
+        synthetic_set("mqar", n, v, t),
+        synthetic_set("induction", n, v, t),
+        cloze_set(data.tokenizer(), held_out_documents(data), t, n),
+    ]
+
+
+def evaluate_run(run_dir: str | Path, *, probes: bool = True, limit: int | None = None,
+                 batch_size: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Evaluate a run and write ``eval.json`` next to its ``summary.json``."""
+    run = Path(run_dir)
+    cfg, model, step = load_run(run)
+    device = resolve_device(cfg.train.device)
+    model.to(device)
+    data = open_data(cfg, progress=progress)
+    bs = batch_size or cfg.train.micro_batch_size or cfg.train.batch_size
+    n_val = cfg.train.eval_sequences if limit is None else min(limit, cfg.train.eval_sequences)
+    val = validation_loss(model, data, n_val, bs, device, contextlib.nullcontext)
+    result: dict[str, Any] = {
+        "run": str(run), "method": cfg.model.method, "preset": cfg.preset, "seed": cfg.seed,
+        "step": step,
+        "validation": {"loss": val if math.isfinite(val) else None,
+                       "ppl": math.exp(min(val, 700)) if math.isfinite(val) else None,
+                       "sequences": n_val},
+        "tasks": {},
+    }
+    if probes:
+        sets = probe_sets(cfg, data, limit or DEFAULT_PROBE_ITEMS)
+        for ps in tqdm(sets, desc="probes", disable=not progress, unit="task"):
+            result["tasks"][ps.name] = score(model, ps, bs, device)
+    atomic_write_text(run / "eval.json", json.dumps(result, indent=1) + "\n")
+    return result
+
+
+__all__ = ["PROBES", "evaluate_run", "load_run"]

@@ -1,0 +1,139 @@
+"""Offline probes: structure checked against their definitions, held-out separation,
+scoring with an oracle, probe mixing, and `modbench eval` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from modbench.cli import run_cli
+from modbench.data import builtin_dataset, builtin_tokenizer, open_dataset
+from modbench.data.mix import ProbeMixDataset
+from modbench.data.synthetic import pools, synthetic_row, training_probe_row
+from modbench.eval.probes import cloze_set, score, synthetic_set
+from modbench.train.trainer import train
+from tests.helpers import tiny
+
+V, T = 512, 64
+
+
+def episodes(row: list[int]) -> list[list[int]]:
+    """Split a row at EOS (id 0) into episodes, dropping padding."""
+    out, cur = [], None
+    for t in row:
+        if t == 0:
+            if cur:
+                out.append(cur)
+            cur = []
+        else:
+            cur.append(t)  # type: ignore[union-attr]
+    if cur:
+        out.append(cur)
+    return out
+
+
+def test_mqar_rows_follow_the_definition() -> None:
+    keys, values = (set(map(int, p)) for p in pools(V))
+    assert not keys & values and len(values) == 64
+    ps = synthetic_set("mqar", 20, V, T)
+    for row, pos, tgt in zip(ps.tokens.tolist(), ps.positions, ps.targets, strict=True):
+        for ep in episodes(row):
+            n = len(ep) // 4  # n pairs then n queries of two tokens each
+            pairs = dict(zip(ep[0:2 * n:2], ep[1:2 * n:2], strict=True))
+            assert len(pairs) == n and set(pairs) <= keys and set(pairs.values()) <= values
+            queries = ep[2 * n:]
+            assert sorted(queries[0::2]) == sorted(pairs)  # every key queried once
+            assert all(pairs[k] == v for k, v in zip(queries[0::2], queries[1::2], strict=True))
+        for p, t in zip(pos, tgt, strict=True):
+            assert row[p] in keys and row[p + 1] == t
+
+
+def test_induction_rows_repeat() -> None:
+    ps = synthetic_set("induction", 10, V, T)
+    for row, pos, tgt in zip(ps.tokens.tolist(), ps.positions, ps.targets, strict=True):
+        for ep in episodes(row):
+            m = len(ep) // 2
+            assert ep[:m] == ep[m:]
+        assert all(row[p + 1] == t for p, t in zip(pos, tgt, strict=True))
+
+
+def test_deterministic_and_held_out_never_in_training() -> None:
+    a, b = synthetic_set("mqar", 50, V, T), synthetic_set("mqar", 50, V, T)
+    assert torch.equal(a.tokens, b.tokens)
+    held = {tuple(r) for kind in ("mqar", "induction")
+            for r in synthetic_set(kind, 200, V, T).tokens.tolist()}
+    trained = {tuple(training_probe_row(1234, s, r, V, T).tolist())
+               for s in range(300) for r in range(8)}
+    assert len(trained) == 2400 and not held & trained
+
+
+def test_oracle_scores_one_and_constant_scores_low() -> None:
+    ps = synthetic_set("mqar", 8, V, T)
+
+    class Oracle(torch.nn.Module):
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            nxt = torch.roll(idx, -1, dims=1)
+            return torch.nn.functional.one_hot(nxt, V).float()
+
+    class Constant(torch.nn.Module):
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(*idx.shape, V)
+            out[..., 5] = 1.0
+            return out
+
+    assert score(Oracle(), ps)["accuracy"] == 1.0
+    assert score(Constant(), ps)["accuracy"] == 0.0
+
+
+def test_cloze_items_are_the_next_word_of_held_out_text() -> None:
+    tok = builtin_tokenizer(V)
+    docs = ["The quick brown fox jumps over the lazy dog while the farmer watches " * 3,
+            "Python modules provide namespaces; importing a module executes its code once."]
+    ps = cloze_set(tok, docs, T, 10)
+    assert len(ps) == 2
+    for row, pos, tgt in zip(ps.tokens.tolist(), ps.positions, ps.targets, strict=True):
+        word = tok.decode(tgt)
+        assert word.startswith(" ") and word.strip().isalpha() and len(word.strip()) >= 3
+        context = tok.decode(row[: pos[0] + 1])
+        assert any(context + word in d or (context.strip() + word) in d for d in docs)
+
+
+def test_probe_mix_replaces_a_fixed_share_of_rows() -> None:
+    ds = open_dataset(builtin_dataset(V, T, progress=False))
+    mixed = ProbeMixDataset(ds, 0.25)
+    for step in (0, 5, 77):
+        plain, mix = ds.train_batch(step, 8, 1234), mixed.train_batch(step, 8, 1234)
+        changed = [r for r in range(8) if not torch.equal(plain[r], mix[r])]
+        assert changed == list(mixed.probe_rows(step, 8, 1234)) and len(changed) == 2
+        assert torch.equal(mix, mixed.train_batch(step, 8, 1234))
+    assert [torch.equal(a, b) for a, b in zip(ds.val_batches(8, 8), mixed.val_batches(8, 8),
+                                              strict=True)] == [True]
+
+
+def test_eval_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = train(tiny("qknorm", 0, 10, "data.probe_mix=0.25"), tmp_path / "r", progress=False)
+    code = run_cli(["eval", str(tmp_path / "r"), "--probes", "--limit", "20", "--no-progress"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "mqar:" in out
+    ev = json.loads((tmp_path / "r" / "eval.json").read_text())
+    # same weights, same fixed validation set: the loss the trainer reported
+    assert ev["validation"]["loss"] == pytest.approx(s["final_val_loss"], rel=1e-6)
+    assert set(ev["tasks"]) == {"mqar", "induction", "cloze"}
+    for t in ev["tasks"].values():
+        assert t["n"] == len(t["items"]) > 0 and 0.0 <= t["accuracy"] <= 1.0
+        assert t["accuracy"] == pytest.approx(np.mean([i["score"] for i in t["items"]]))
+
+
+def test_eval_of_a_non_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["eval", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_row_is_whole_episodes() -> None:
+    rng = np.random.default_rng(0)
+    row, pos, tgt = synthetic_row("mqar", V, T, rng)
+    assert len(row) == T and len(pos) == len(tgt) > 0
