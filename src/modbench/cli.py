@@ -25,10 +25,11 @@ app = typer.Typer(
 
 def _mount_subcommands() -> None:
     from modbench.data.cli import data_app
-    from modbench.eval.cli import eval_command
+    from modbench.eval.cli import eval_command, export_command
 
     app.add_typer(data_app, name="data")
     app.command(name="eval")(eval_command)
+    app.command(name="export")(export_command)
 
 
 _mount_subcommands()

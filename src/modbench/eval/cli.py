@@ -9,30 +9,73 @@ import typer
 
 
 def eval_command(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder written by `modbench train`.")],
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="A run folder written by `modbench train`.")] = None,
     probes: Annotated[bool, typer.Option(
-        help="Also run the offline probes (mqar, induction, cloze).")] = False,
+        help="Run the offline probes (mqar, induction, cloze).")] = False,
+    tasks: Annotated[list[str] | None, typer.Option(
+        "--tasks", help="lm-evaluation-harness task, suite (climb12) or task YAML file; "
+        "repeatable.")] = None,
     limit: Annotated[int | None, typer.Option(
-        help="At most N items per probe (and N validation sequences).")] = None,
+        help="At most N items per probe/task (and N validation sequences).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Evaluation batch size.")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(
+        help="Few-shot examples (default: each task's own).")] = None,
+    list_suites: Annotated[bool, typer.Option(
+        "--list-suites", help="List the named task suites and exit.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Evaluate a trained run: validation loss, and with --probes the offline capability
-    probes; writes RUN_DIR/eval.json with per-item results.
+    """Evaluate a trained run: validation loss; with --probes the offline capability probes;
+    with --tasks lm-evaluation-harness tasks, in process. Writes RUN_DIR/eval.json with
+    per-item results.
 
-    Example: modbench eval runs/t --probes --limit 100
+    Example: modbench eval runs/t --probes --tasks my_task.yaml --limit 100
     """
+    from modbench.errors import ModbenchError
+    from modbench.eval.harness import SUITES
+
+    if list_suites:
+        for name, members in SUITES.items():
+            typer.echo(f"{name}: {', '.join(members)}")
+        return
+    if run_dir is None:
+        raise ModbenchError("give a run folder, e.g. `modbench eval runs/t --probes`")
     from modbench.eval.run import evaluate_run
 
-    r = evaluate_run(run_dir, probes=probes, limit=limit, batch_size=batch_size,
-                     progress=progress)
+    r = evaluate_run(run_dir, probes=probes, tasks=tasks, limit=limit, batch_size=batch_size,
+                     num_fewshot=num_fewshot, progress=progress)
     v = r["validation"]
     typer.echo(f"run:        {run_dir} (step {r['step']})")
     if v["loss"] is not None:
         typer.echo(f"validation: loss {v['loss']:.4f} (ppl {v['ppl']:.1f}, "
                    f"{v['sequences']} sequences)")
     for name, t in r["tasks"].items():
-        acc = "n/a" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
-        typer.echo(f"{name + ':':<11} accuracy {acc} over {t['n']} items "
-                   f"(chance {t['chance']:.4f})")
+        if "accuracy" in t:
+            acc = "n/a" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
+            typer.echo(f"{name + ':':<11} accuracy {acc} over {t['n']} items "
+                       f"(chance {t['chance']:.4f})")
+        else:
+            val = "n/a" if t["score"] is None else f"{t['score']:.4f}"
+            typer.echo(f"{name + ':':<11} {t['primary']} {val} over {t['n']} items")
+    if "climb_avg" in r:
+        typer.echo(f"climb_avg:  {r['climb_avg']:.4f}")
     typer.echo(f"wrote {Path(run_dir) / 'eval.json'}")
+
+
+def export_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by `modbench train`.")],
+    hf: Annotated[Path, typer.Option("--hf", help="Output folder of the Hugging Face "
+                                     "checkpoint.")],
+) -> None:
+    """Export a trained run as a Hugging Face checkpoint (custom config and model class for
+    the auto classes, safetensors, tokenizer); load it with trust_remote_code=True.
+
+    Example: modbench export runs/t --hf exported/t
+    """
+    from modbench.eval.export import export_hf
+
+    out = export_hf(run_dir, hf)
+    typer.echo(f"wrote {out}")
+    typer.echo(f"load:  AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True)")
+    typer.echo(f"eval:  lm_eval --model hf --model_args pretrained={out},trust_remote_code=True "
+               "--tasks ...")

@@ -65,9 +65,14 @@ def probe_sets(cfg: Any, data: Any, n: int) -> list[ProbeSet]:
     ]
 
 
-def evaluate_run(run_dir: str | Path, *, probes: bool = True, limit: int | None = None,
-                 batch_size: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Evaluate a run and write ``eval.json`` next to its ``summary.json``."""
+def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] | None = None,
+                 limit: int | None = None, batch_size: int | None = None,
+                 num_fewshot: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Evaluate a run and write ``eval.json`` next to its ``summary.json``.
+
+    ``tasks``: lm-evaluation-harness task names, suites (``climb12``) or local task YAML
+    files, run in process through :func:`modbench.eval.harness.make_adapter`.
+    """
     run = Path(run_dir)
     cfg, model, step = load_run(run)
     device = resolve_device(cfg.train.device)
@@ -88,6 +93,14 @@ def evaluate_run(run_dir: str | Path, *, probes: bool = True, limit: int | None 
         sets = probe_sets(cfg, data, limit or DEFAULT_PROBE_ITEMS)
         for ps in tqdm(sets, desc="probes", disable=not progress, unit="task"):
             result["tasks"][ps.name] = score(model, ps, bs, device)
+    if tasks:
+        from modbench.eval.harness import make_adapter, run_tasks
+
+        lm = make_adapter(model, data.tokenizer(), batch_size=bs, device=device)
+        harness = run_tasks(lm, tasks, limit=limit, num_fewshot=num_fewshot)
+        if "climb_avg" in harness:
+            result["climb_avg"] = harness.pop("climb_avg")
+        result["tasks"].update(harness)
     atomic_write_text(run / "eval.json", json.dumps(result, indent=1) + "\n")
     return result
 
