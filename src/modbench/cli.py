@@ -26,8 +26,10 @@ app = typer.Typer(
 def _mount_subcommands() -> None:
     from modbench.data.cli import data_app
     from modbench.eval.cli import eval_command, export_command
+    from modbench.study.cli import study_app
 
     app.add_typer(data_app, name="data")
+    app.add_typer(study_app, name="study")
     app.command(name="eval")(eval_command)
     app.command(name="export")(export_command)
 

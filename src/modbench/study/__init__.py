@@ -1,0 +1,1 @@
+"""Studies: specs, the runner and its results store (see docs/studies.md)."""

@@ -1,0 +1,93 @@
+"""``modbench study``: run, inspect and validate studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.",
+                        no_args_is_help=True)
+
+
+@study_app.command("run")
+def run(
+    spec: Annotated[str | None, typer.Argument(
+        help="Spec YAML file or built-in name [default: builtin-cpu].")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Study folder [default: studies/<spec name>].")] = None,
+    executor: Annotated[str, typer.Option(help="Where runs execute: local.")] = "local",
+    workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Train and evaluate every run of a study that is not done yet (a killed study resumes
+    by running the same command).
+
+    Example: modbench study run my_study.yaml --out studies/mine --workers 2
+    """
+    from modbench.study.runner import run_study
+    from modbench.study.spec import load_spec
+
+    s = load_spec(spec)
+    folder = out or Path("studies") / s.name
+    c = run_study(s, folder, executor=executor, workers=workers, progress=progress)
+    typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
+               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['failed']} failed")
+    for f in c["failures"]:
+        typer.echo(f"  failed: {f}", err=True)
+    if c["failed"]:
+        raise typer.Exit(1)
+
+
+@study_app.command("status")
+def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> None:
+    """Show the progress of a study: every run and its state.
+
+    Example: modbench study status studies/builtin-cpu
+    """
+    from modbench.study.runner import group_rows, study_status
+
+    rows = study_status(folder)
+    counts = group_rows(rows)
+    typer.echo(f"{folder}: {len(rows)} runs — " + ", ".join(
+        f"{v} {k}" for k, v in sorted(counts.items())))
+    for r in rows:
+        s = r["summary"] or {}
+        loss = s.get("final_val_loss")
+        extra = f"val {loss:.4f}" if isinstance(loss, float) else ""
+        if r["status"] == "diverged":
+            extra = f"diverged at step {s.get('diverged_at_step')}"
+        if r["state"] == "failed":
+            extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
+        typer.echo(f"  {r['scale']:<12} {r['method']:<28} s{r['seed']:<4} "
+                   f"{(r['status'] or r['state']):<10} {extra}")
+
+
+@study_app.command("validate")
+def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")]
+             ) -> None:
+    """Check a spec without running it: keys, methods, presets, recipes, overrides.
+
+    Example: modbench study validate seed002-1.2b
+    """
+    from modbench.study.spec import expand, load_spec
+
+    s = load_spec(spec)
+    runs = expand(s)
+    scales = sorted({r.scale for r in runs})
+    typer.echo(f"{s.name}: valid — {len(runs)} runs, {len({r.method for r in runs})} methods, "
+               f"scales {', '.join(scales)}")
+
+
+@study_app.command("list")
+def list_specs() -> None:
+    """List the built-in study specs.
+
+    Example: modbench study list
+    """
+    from modbench.study.spec import builtin_specs, load_spec
+
+    for name in sorted(builtin_specs()):
+        s = load_spec(name)
+        typer.echo(f"{name:<24} {s.description}")

@@ -1,0 +1,179 @@
+"""Run a study: train and evaluate what is missing, skip what is done, resume what was cut.
+
+Executors take a list of :class:`Job` and yield results as jobs finish. ``local`` runs them
+in this process (``workers=1``) or in a pool of worker processes, each claiming runs in the
+store's index so no run is trained twice. Cluster executors (Ray, SLURM via submitit) only
+need to ship :func:`execute_job` and a :class:`Job` to a worker and return its result: the
+store's atomic claims make them safe to run side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import shutil
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from tqdm.auto import tqdm
+
+from modbench.config import from_dict
+from modbench.errors import ModbenchError
+from modbench.study.spec import RunSpec, StudySpec, expand
+from modbench.study.store import Store
+
+
+@dataclass(frozen=True)
+class Job:
+    root: str
+    key: str
+    label: str
+    config: dict[str, Any]
+    evaluation: dict[str, Any]
+    threads: int = 0
+
+
+@dataclass
+class JobResult:
+    key: str
+    label: str
+    outcome: str  # trained | skipped | failed | busy
+    status: str | None = None  # completed | diverged
+    error: str | None = None
+
+
+def execute_job(job: Job) -> JobResult:
+    """Train (or resume) one run, evaluate it, and record it in the store's index."""
+    from modbench.eval.run import evaluate_run
+    from modbench.train.trainer import CHECKPOINT, train
+
+    if job.threads:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    store = Store(job.root)
+    if not store.claim(job.key):
+        return JobResult(job.key, job.label, "busy")
+    run = store.run_dir(job.key)
+    try:
+        summary_file = run / "summary.json"
+        if summary_file.is_file():
+            import json
+
+            summary = json.loads(summary_file.read_text())
+            outcome = "skipped"
+        else:
+            resume = (run / CHECKPOINT).is_file()
+            if run.exists() and not resume:
+                shutil.rmtree(run)  # cut before its first checkpoint: start again
+            summary = train(from_dict(job.config), run, resume=resume, progress=False)
+            outcome = "trained"
+        evaluation = None
+        ev = job.evaluation
+        if summary["status"] == "completed" and (ev.get("probes") or ev.get("tasks")):
+            eval_file = run / "eval.json"
+            if eval_file.is_file():
+                import json
+
+                evaluation = json.loads(eval_file.read_text())
+            else:
+                evaluation = evaluate_run(run, probes=bool(ev.get("probes")),
+                                          tasks=list(ev.get("tasks") or []) or None,
+                                          limit=ev.get("limit"), progress=False)
+        store.finish(job.key, summary, evaluation)
+        return JobResult(job.key, job.label, outcome, summary["status"])
+    except Exception as e:  # a crash of one run must not stop the study
+        msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
+        store.fail(job.key, msg)
+        return JobResult(job.key, job.label, "failed", error=msg.strip().splitlines()[-1])
+
+
+class Executor(Protocol):
+    def run(self, jobs: list[Job]) -> Iterator[JobResult]: ...
+
+
+class LocalExecutor:
+    """This machine: in process for one worker, else a spawn pool of ``workers`` processes
+    sharing the CPU threads evenly."""
+
+    def __init__(self, workers: int = 1) -> None:
+        if workers < 1:
+            raise ModbenchError(f"--workers must be at least 1, got {workers}")
+        self.workers = workers
+
+    def run(self, jobs: list[Job]) -> Iterator[JobResult]:
+        if self.workers == 1:
+            for job in jobs:
+                yield execute_job(job)
+            return
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        jobs = [dataclasses.replace(j, threads=threads) for j in jobs]
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(self.workers) as pool:
+            yield from pool.imap_unordered(execute_job, jobs)
+
+
+EXECUTORS = {"local": LocalExecutor}
+
+
+def make_executor(name: str, workers: int) -> Executor:
+    if name not in EXECUTORS:
+        raise ModbenchError(f"unknown executor '{name}'; available: {', '.join(EXECUTORS)} "
+                            "(Ray and SLURM executors are planned)")
+    return EXECUTORS[name](workers)
+
+
+def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local", workers: int = 1,
+              progress: bool = True) -> dict[str, Any]:
+    """Run every missing run of ``spec`` into the study folder ``out``."""
+    runs = expand(spec)
+    store = Store(out)
+    (Path(out) / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    for r in runs:
+        store.register(r.key, r.scale, r.method, r.seed)
+    store.release_dead()
+    todo = [r for r in runs if store.state(r.key) != "done"]
+    jobs = [_job(out, r, spec) for r in todo]
+    counts = {"total": len(runs), "already_done": len(runs) - len(todo), "trained": 0,
+              "skipped": 0, "failed": 0, "busy": 0, "diverged": 0}
+    failures: list[str] = []
+    bar = tqdm(total=len(runs), initial=counts["already_done"], disable=not progress,
+               desc=f"study {spec.name}", unit="run")
+    try:
+        for res in make_executor(executor, workers).run(jobs):
+            counts[res.outcome] += 1
+            counts["diverged"] += res.status == "diverged"
+            if res.error:
+                failures.append(f"{res.label}: {res.error}")
+            bar.update(1)
+            bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
+    finally:
+        bar.close()
+    counts["failures"] = failures
+    return counts
+
+
+def _job(out: str | Path, r: RunSpec, spec: StudySpec) -> Job:
+    return Job(str(out), r.key, r.label, r.config.to_dict(),
+               dataclasses.asdict(spec.evaluation))
+
+
+def study_status(out: str | Path) -> list[dict[str, Any]]:
+    root = Path(out)
+    if not (root / "index.sqlite").is_file():
+        raise ModbenchError(f"{root} is not a study folder (no index.sqlite); run "
+                            "`modbench study run` first")
+    return Store(root).rows()
+
+
+def group_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        k = r["status"] if r["state"] == "done" else r["state"]
+        counts[k] = counts.get(k, 0) + 1
+    return counts

@@ -1,0 +1,179 @@
+"""Study specs: which methods, seeds and scales to train, with one recipe and one data order.
+
+A spec is a YAML file (or a built-in name, see ``modbench study list``)::
+
+    name: my-study
+    description: free text
+    baseline: baseline                # the reference method string
+    methods: [qknorm, post_ln, "layerscale(init=1e-4)"]
+    seeds:
+      default: [0]                    # every method
+      noise_floor: [0, 1, 2]          # the baseline and the anchors below
+      anchors: [qknorm]               # methods that also get the noise-floor seeds
+    scales: [cpu-small]               # presets
+    recipe: null                      # null: each preset's own
+    overrides: ["train.steps=300"]    # --set items applied to every run
+    data: {source: builtin, data_seed: 1234, probe_mix: 0.0}
+    evaluation: {probes: true, tasks: [], limit: null}
+
+Expanding a spec gives one run per (scale, method, seed). Each run is keyed by a hash of its
+fully resolved config, so re-running a study skips what is done and a changed spec reruns
+only what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modbench.config import RunConfig, resolve
+from modbench.errors import ModbenchError, suggest
+from modbench.model.build import plan
+
+
+@dataclass
+class Seeds:
+    default: list[int] = field(default_factory=lambda: [0])
+    noise_floor: list[int] = field(default_factory=lambda: [0, 1, 2])
+    anchors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DataSpec:
+    source: str = "builtin"
+    data_seed: int = 1234
+    probe_mix: float = 0.0
+
+
+@dataclass
+class EvalSpec:
+    probes: bool = True
+    tasks: list[str] = field(default_factory=list)
+    limit: int | None = None
+
+
+@dataclass
+class StudySpec:
+    name: str = "study"
+    description: str = ""
+    baseline: str = "baseline"
+    methods: list[str] = field(default_factory=list)
+    seeds: Seeds = field(default_factory=Seeds)
+    scales: list[str] = field(default_factory=lambda: ["cpu-small"])
+    recipe: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    data: DataSpec = field(default_factory=DataSpec)
+    evaluation: EvalSpec = field(default_factory=EvalSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a study."""
+
+    key: str
+    scale: str
+    method: str
+    seed: int
+    config: RunConfig = field(compare=False, hash=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scale}/{self.method}/s{self.seed}"
+
+
+SPEC_DIR = "specs"
+
+
+def builtin_specs() -> dict[str, Path]:
+    """Named specs shipped with modbench (``src/modbench/study/specs/*.yaml``)."""
+    folder = resources.files("modbench.study").joinpath(SPEC_DIR)
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir()
+            if str(p).endswith(".yaml")}
+
+
+def load_spec(ref: str | Path | None) -> StudySpec:
+    """Load a spec from a YAML path or a built-in name (``None``: the built-in CPU study)."""
+    ref = "builtin-cpu" if ref is None else ref
+    path = Path(ref)
+    if not path.is_file():
+        named = builtin_specs()
+        if str(ref) not in named:
+            raise ModbenchError(
+                f"no study spec file or built-in spec named '{ref}'"
+                f"{suggest(str(ref), named)}; see `modbench study list`")
+        path = named[str(ref)]
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ModbenchError(f"study spec {path} is not valid YAML ({e.__class__.__name__})") from e
+    if not isinstance(tree, dict):
+        raise ModbenchError(f"study spec {path} must be a mapping of keys")
+    return _build(StudySpec, tree, "")
+
+
+def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in tree.items():
+        if k not in fields:
+            key = prefix + str(k)
+            raise ModbenchError(f"unknown study key '{key}'{suggest(str(k), fields)}; "
+                                "see docs/studies.md")
+        sub = {"seeds": Seeds, "data": DataSpec, "evaluation": EvalSpec}.get(k)
+        if sub is not None and not prefix:
+            if not isinstance(v, dict):
+                raise ModbenchError(f"study key '{k}' must be a mapping")
+            kwargs[k] = _build(sub, v, f"{k}.")
+        else:
+            kwargs[k] = v
+    for name in ("methods", "scales", "overrides"):
+        if name in kwargs and not isinstance(kwargs[name], list):
+            raise ModbenchError(f"study key '{name}' must be a list")
+    return cls(**kwargs)
+
+
+def config_key(cfg: RunConfig) -> str:
+    """Stable hash of a fully resolved run config (the study's skip key)."""
+    blob = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def expand(spec: StudySpec) -> list[RunSpec]:
+    """All runs of a spec, validated (unknown methods, presets or keys fail here)."""
+    if not spec.scales:
+        raise ModbenchError("the study has no scales; list at least one preset under 'scales'")
+    methods = [spec.baseline, *[m for m in spec.methods if m != spec.baseline]]
+    anchors = set(spec.seeds.anchors) | {spec.baseline}
+    unknown = anchors - set(methods)
+    if unknown:
+        raise ModbenchError(f"seeds.anchors names {sorted(unknown)} which are not in 'methods'")
+    runs: list[RunSpec] = []
+    seen: set[str] = set()
+    for scale in spec.scales:
+        for method in methods:
+            seeds = list(spec.seeds.default)
+            if method in anchors:
+                seeds += [s for s in spec.seeds.noise_floor if s not in seeds]
+            for seed in seeds:
+                overrides = [f"data.source={spec.data.source}",
+                             f"data.data_seed={spec.data.data_seed}",
+                             f"data.probe_mix={spec.data.probe_mix}", *spec.overrides]
+                cfg = resolve(scale, recipe=spec.recipe, method=method, seed=int(seed),
+                              overrides=overrides)
+                plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
+                key = config_key(cfg)
+                if key in seen:
+                    continue
+                seen.add(key)
+                runs.append(RunSpec(key, scale, method, int(seed), cfg))
+    return runs

@@ -1,0 +1,136 @@
+"""The results store of a study folder.
+
+::
+
+    DIR/spec.yaml           the spec as run (rewritten on every `study run`)
+    DIR/runs/<key>/         one run folder per run (config.yaml, metrics.jsonl, summary.json,
+                            eval.json, checkpoints/) — immutable once finished
+    DIR/index.sqlite        one row per run: key, scale, method, seed, state, status, results
+
+The index is SQLite in WAL mode with a busy timeout, so several worker processes (or
+machines sharing the folder on a file system with working locks) can claim and finish runs
+concurrently: a run is claimed with a conditional UPDATE, so two workers never train the same
+run. The run folders are the source of truth; the index can be rebuilt from them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    key TEXT PRIMARY KEY,
+    scale TEXT NOT NULL,
+    method TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',   -- pending | running | done | failed
+    status TEXT,                             -- completed | diverged (from summary.json)
+    worker TEXT,
+    claimed_at REAL,
+    finished_at REAL,
+    summary TEXT,                            -- summary.json
+    eval TEXT,                               -- eval.json
+    error TEXT
+);
+"""
+
+
+class Store:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "runs").mkdir(exist_ok=True)
+        with self._db() as db:
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=60000")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    def run_dir(self, key: str) -> Path:
+        return self.root / "runs" / key
+
+    def register(self, key: str, scale: str, method: str, seed: int) -> None:
+        with self._db() as db:
+            db.execute("INSERT OR IGNORE INTO runs (key, scale, method, seed) VALUES (?,?,?,?)",
+                       (key, scale, method, seed))
+
+    def claim(self, key: str, stale_after_s: float = 24 * 3600) -> bool:
+        """Atomically claim a pending, failed or stale run for this worker."""
+        me = worker_id()
+        now = time.time()
+        with self._db() as db:
+            cur = db.execute(
+                "UPDATE runs SET state='running', worker=?, claimed_at=?, error=NULL "
+                "WHERE key=? AND (state IN ('pending','failed') OR "
+                "(state='running' AND (worker=? OR claimed_at < ?)))",
+                (me, now, key, me, now - stale_after_s))
+            return cur.rowcount == 1
+
+    def release_dead(self) -> int:
+        """Reset runs claimed by processes of this host that no longer exist."""
+        host = socket.gethostname()
+        n = 0
+        with self._db() as db:
+            for row in db.execute("SELECT key, worker FROM runs WHERE state='running'"):
+                w = row["worker"] or ""
+                h, _, pid = w.rpartition(":")
+                if h == host and pid.isdigit() and not _alive(int(pid)):
+                    db.execute("UPDATE runs SET state='pending', worker=NULL WHERE key=?",
+                               (row["key"],))
+                    n += 1
+        return n
+
+    def finish(self, key: str, summary: dict[str, Any], evaluation: dict[str, Any] | None) -> None:
+        with self._db() as db:
+            db.execute("UPDATE runs SET state='done', status=?, finished_at=?, summary=?, eval=? "
+                       "WHERE key=?", (summary.get("status"), time.time(), json.dumps(summary),
+                                       json.dumps(evaluation) if evaluation else None, key))
+
+    def fail(self, key: str, error: str) -> None:
+        with self._db() as db:
+            db.execute("UPDATE runs SET state='failed', error=? WHERE key=?", (error[:2000], key))
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._db() as db:
+            out = []
+            for r in db.execute("SELECT * FROM runs ORDER BY scale, method, seed"):
+                d = dict(r)
+                d["summary"] = json.loads(d["summary"]) if d["summary"] else None
+                d["eval"] = json.loads(d["eval"]) if d["eval"] else None
+                out.append(d)
+            return out
+
+    def state(self, key: str) -> str | None:
+        with self._db() as db:
+            r = db.execute("SELECT state FROM runs WHERE key=?", (key,)).fetchone()
+            return r["state"] if r else None
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

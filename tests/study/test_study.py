@@ -1,0 +1,127 @@
+"""Study specs, the runner (skip what is done, resume what was cut) and the store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modbench.cli import run_cli
+from modbench.errors import ModbenchError
+from modbench.study.runner import run_study, study_status
+from modbench.study.spec import builtin_specs, expand, load_spec
+from modbench.study.store import Store
+
+
+def write_spec(tmp: Path, **kw: object) -> Path:
+    tree = {"name": "t", "baseline": "baseline", "methods": ["qknorm"],
+            "seeds": {"default": [0], "noise_floor": [0, 1], "anchors": []},
+            "scales": ["tiny"], "overrides": ["train.steps=4", "train.eval_every=0"],
+            "data": {"probe_mix": 0.25}, "evaluation": {"probes": True, "limit": 5}}
+    tree.update(kw)
+    p = tmp / "spec.yaml"
+    p.write_text(yaml.safe_dump(tree))
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(builtin_specs()))
+def test_builtin_specs_validate(name: str) -> None:
+    runs = expand(load_spec(name))
+    assert runs and len({r.key for r in runs}) == len(runs)
+
+
+def test_expand_seeds_and_keys(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, methods=["qknorm", "post_ln"],
+                                seeds={"default": [0], "noise_floor": [0, 1, 2],
+                                       "anchors": ["qknorm"]}))
+    runs = expand(spec)
+    got = sorted((r.method, r.seed) for r in runs)
+    assert got == [("baseline", 0), ("baseline", 1), ("baseline", 2), ("post_ln", 0),
+                   ("qknorm", 0), ("qknorm", 1), ("qknorm", 2)]
+    assert [r.key for r in expand(spec)] == [r.key for r in runs]  # stable
+    assert all(r.config.train.steps == 4 and r.config.data.probe_mix == 0.25 for r in runs)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"method": ["x"]}, "unknown study key 'method'.*did you mean 'methods'"),
+    ({"methods": ["qknrom"]}, "unknown method 'qknrom'"),
+    ({"seeds": {"anchors": ["post_ln"]}}, "not in 'methods'"),
+    ({"scales": ["tiny-x"]}, "unknown preset"),
+    ({"overrides": ["train.stepz=3"]}, "unknown config key"),
+])
+def test_bad_specs(tmp_path: Path, kw: dict, msg: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ModbenchError, match=msg):
+        expand(load_spec(write_spec(tmp_path, **kw)))
+
+
+def test_run_skip_and_resume(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    out = tmp_path / "study"
+    c = run_study(spec, out, progress=False)
+    assert (c["total"], c["trained"], c["failed"]) == (3, 3, 0)
+    rows = study_status(out)
+    assert all(r["state"] == "done" and r["status"] == "completed" for r in rows)
+    assert all(r["eval"]["tasks"]["mqar"]["n"] == 5 for r in rows)
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
+
+    # everything done: nothing is trained again
+    again = run_study(spec, out, progress=False)
+    assert (again["already_done"], again["trained"]) == (3, 0)
+    assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
+
+    # a run killed mid-way: claimed by a dead process, no summary; the rerun finishes it only
+    victim = rows[1]["key"]
+    (out / "runs" / victim / "summary.json").unlink()
+    (out / "runs" / victim / "eval.json").unlink()
+    db = sqlite3.connect(out / "index.sqlite")
+    import socket
+
+    db.execute("UPDATE runs SET state='running', worker=? WHERE key=?",
+               (f"{socket.gethostname()}:999999999", victim))
+    db.commit()
+    db.close()
+    third = run_study(spec, out, progress=False)
+    assert (third["already_done"], third["trained"]) == (2, 1)
+    assert json.loads((out / "runs" / victim / "summary.json").read_text())["steps"] == 4
+    others = {p: s for p, s in stamps.items() if victim not in str(p)}
+    assert others == {p: p.stat().st_mtime_ns for p in others}  # untouched
+
+
+def test_diverged_run_is_a_result(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, methods=[], seeds={"default": [0], "noise_floor": []},
+                                overrides=["train.steps=20", "recipe.lr=1e30",
+                                           "recipe.grad_clip=0", "recipe.warmup_frac=0"]))
+    c = run_study(spec, tmp_path / "s", progress=False)
+    assert c["diverged"] == 1 and c["failed"] == 0
+    (row,) = study_status(tmp_path / "s")
+    assert row["state"] == "done" and row["status"] == "diverged" and row["eval"] is None
+
+
+def test_claims_are_exclusive(tmp_path: Path) -> None:
+    a, b = Store(tmp_path), Store(tmp_path)
+    a.register("k1", "tiny", "baseline", 0)
+    assert a.claim("k1") is True
+    import modbench.study.store as st
+
+    original = st.worker_id
+    st.worker_id = lambda: "elsewhere:1"  # type: ignore[assignment]
+    try:
+        assert b.claim("k1") is False  # held by a live worker
+    finally:
+        st.worker_id = original
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path)
+    assert run_cli(["study", "validate", str(spec)]) == 0
+    assert "valid — 3 runs" in capsys.readouterr().out
+    assert run_cli(["study", "run", str(spec), "--out", str(tmp_path / "s"),
+                    "--no-progress"]) == 0
+    capsys.readouterr()
+    assert run_cli(["study", "status", str(tmp_path / "s")]) == 0
+    assert "3 completed" in capsys.readouterr().out
+    assert run_cli(["study", "status", str(tmp_path)]) == 2
+    assert run_cli(["study", "run", "no-such-spec", "--no-progress"]) == 2
