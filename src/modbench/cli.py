@@ -175,6 +175,42 @@ def recipes(
         typer.echo(f"{'':<10} {r['note']}")
 
 
+@app.command()
+def flops(
+    preset: Annotated[str | None, typer.Option(
+        help="Model preset (`modbench presets`) [default: cpu-small].")] = None,
+    method: Annotated[list[str] | None, typer.Option(
+        help="Method string, repeatable [default: baseline and every registered method].")]
+    = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Tokens per sequence (default: the preset's training length).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Parameters and training FLOPs per token, counted analytically (seeds/002_* Appendix C:
+    matrix multiplications, full T x T attention, training = 3 x forward).
+
+    Example: modbench flops --preset climb-1.2b --method diff_attn --method relu2
+    """
+    from modbench.analysis import flop_report
+    from modbench.config import resolve
+    from modbench.methods import load_all
+
+    names = list(method) if method else ["baseline", *sorted(load_all())]
+    rows = []
+    for name in names:
+        cfg = resolve(preset, method=name)
+        t = seq_len if seq_len is not None else cfg.train.seq_len
+        rows.append(flop_report(cfg.model, t).as_dict())
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'method':<28} {'params':>14} {'fwd FLOPs/tok':>14} {'train FLOPs/tok':>16} "
+               f"{'vs base':>8}")
+    for r in rows:
+        typer.echo(f"{r['method']:<28} {r['params']:>14,} {r['forward_flops_per_token']:>14.4g} "
+                   f"{r['train_flops_per_token']:>16.4g} {r['flops_ratio']:>8.4f}")
+
+
 def run_cli(argv: list[str]) -> int:
     """Run the CLI on ``argv``; user errors become one line on stderr and exit code 2."""
     try:
