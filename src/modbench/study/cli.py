@@ -64,6 +64,23 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
                    f"{(r['status'] or r['state']):<10} {extra}")
 
 
+@study_app.command("report")
+def report(
+    folder: Annotated[Path, typer.Argument(help="A study folder.")],
+    metric: Annotated[str | None, typer.Option(
+        help="Primary metric: val_loss, probe_avg, climb_avg or a task name "
+             "[default: the spec's].")] = None,
+) -> None:
+    """Write FOLDER/report/: report.md, a self-contained report.html, results.csv and plots.
+
+    Example: modbench study report studies/builtin-cpu
+    """
+    from modbench.report.build import build_report
+
+    out = build_report(folder, metric)
+    typer.echo(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'results.csv'}")
+
+
 @study_app.command("validate")
 def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")]
              ) -> None:

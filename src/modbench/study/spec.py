@@ -14,7 +14,7 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     recipe: null                      # null: each preset's own
     overrides: ["train.steps=300"]    # --set items applied to every run
     data: {source: builtin, data_seed: 1234, probe_mix: 0.0}
-    evaluation: {probes: true, tasks: [], limit: null}
+    evaluation: {probes: true, tasks: [], limit: null, primary: null}
 
 Expanding a spec gives one run per (scale, method, seed). Each run is keyed by a hash of its
 fully resolved config, so re-running a study skips what is done and a changed spec reruns
@@ -57,6 +57,8 @@ class EvalSpec:
     probes: bool = True
     tasks: list[str] = field(default_factory=list)
     limit: int | None = None
+    primary: str | None = None  # val_loss | probe_avg | climb_avg | a task; None: climb_avg
+    # when tasks are given, else val_loss
 
 
 @dataclass

@@ -1,0 +1,322 @@
+"""``modbench study report DIR``: tables, plots, markdown, self-contained HTML and CSV.
+
+Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), ``results.csv``
+(one row per run), ``results.json`` (the statistics per method and scale) and the PNGs.
+
+The views follow seeds/002_*: Table 2 (metric, Δ, z, significance under Bonferroni, Holm and
+Benjamini–Hochberg, verdict, parameters, FLOPs/token), Table 3 (ranks across scales with
+Spearman's ρ), Table 6 (divergences: step and grad-norm signature), Table 7 / Figure 2
+(validation loss against the downstream score), Figure 3 (per-task Δ heatmap), and the loss
+and grad-norm curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modbench.analysis.stats import CORRECTIONS, compare, spearman_across_scales
+from modbench.report.collect import RunRow, collect, curves, higher_is_better
+from modbench.report.plots import curves_plot, heatmap, scatter_plot
+
+
+@dataclass
+class Block:
+    kind: str  # h1 | h2 | p | table | img
+    text: str = ""
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    path: Path | None = None
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        return f"{v:.{digits}g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _spec(study: Path) -> dict[str, Any]:
+    p = study / "spec.yaml"
+    return yaml.safe_load(p.read_text()) if p.is_file() else {}
+
+
+def _flops(study: Path, row: RunRow) -> tuple[float | None, float | None]:
+    """Training FLOPs per token and the ratio to the baseline, from the run's config."""
+    try:
+        from modbench.analysis import flop_report
+        from modbench.config import resolve
+
+        cfg = resolve(yaml_file=study / "runs" / row.key / "config.yaml")
+        r = flop_report(cfg.model, cfg.train.seq_len).as_dict()
+        return float(r["train_flops_per_token"]), float(r["flops_ratio"])
+    except Exception:  # a missing run folder or an older layout: leave the cell empty
+        return None, None
+
+
+def analyse(rows: list[RunRow], baseline: str, metric: str,
+            anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per scale, :func:`modbench.analysis.stats.compare` over the methods' seeds."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for scale in sorted({r.scale for r in rows}):
+        here = [r for r in rows if r.scale == scale and r.state == "done"]
+        table: dict[str, dict[int, float | None]] = {}
+        for r in sorted(here, key=lambda r: (r.method != baseline, r.method, r.seed)):
+            table.setdefault(r.method, {})[r.seed] = r.metric(metric)
+        if baseline not in table:
+            continue
+        res = compare(table, baseline, higher_is_better=higher_is_better(metric),
+                      references=[a for a in anchors if a in table])
+        out[scale] = [x.to_dict() for x in res]
+    return out
+
+
+def build_report(study: str | Path, metric: str | None = None) -> Path:
+    root = Path(study)
+    rows = collect(root)
+    spec = _spec(root)
+    baseline = spec.get("baseline", "baseline")
+    anchors = list((spec.get("seeds") or {}).get("anchors") or [])
+    ev = spec.get("evaluation") or {}
+    metric = metric or ev.get("primary") or ("climb_avg" if ev.get("tasks") else "val_loss")
+    out = root / "report"
+    out.mkdir(exist_ok=True)
+    stats = analyse(rows, baseline, metric, anchors)
+    blocks: list[Block] = [
+        Block("h1", f"Study report: {spec.get('name', root.name)}"),
+        Block("p", f"{len(rows)} runs in `{root}`; baseline `{baseline}`; primary metric "
+                   f"`{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better). "
+                   "Significance: two-sided z against the baseline's seed noise floor, corrected "
+                   "over the non-baseline methods (Bonferroni, Holm, Benjamini–Hochberg, "
+                   "α = 0.05); the verdict uses Bonferroni and requires |Δ| > 1σ."),
+    ]
+    _table2(root, rows, stats, metric, blocks)
+    _secondary(rows, baseline, blocks)
+    _cross_scale(rows, metric, blocks)
+    _divergence(rows, blocks)
+    _figures(root, rows, baseline, metric, out, blocks)
+    _write_csv(rows, out / "results.csv")
+    (out / "results.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(_markdown(blocks, out))
+    (out / "report.html").write_text(_html(blocks))
+    return out
+
+
+def _table2(root: Path, rows: list[RunRow], stats: dict[str, list[dict[str, Any]]],
+            metric: str, blocks: list[Block]) -> None:
+    for scale, res in stats.items():
+        blocks.append(Block("h2", f"Methods against the baseline — {scale} (Table 2 view)"))
+        floor = res[0]["floor"] if res else {}
+        blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
+                                 f"{floor.get('n', 0)} seeds (mean {_fmt(floor.get('mean'))})."))
+        header = ["method", "seeds", metric, "Δ", "z", "p", *[f"p {c}" for c in CORRECTIONS],
+                  "verdict", "params", "train FLOPs/token", "FLOPs ×"]
+        body = []
+        for r in res:
+            run = next((x for x in rows if x.scale == scale and x.method == r["method"]), None)
+            flops, ratio = _flops(root, run) if run else (None, None)
+            sig = r["significant"]
+            body.append([
+                f"`{r['method']}`", f"{r['n']}" + (f" (+{r['n_diverged']} div.)"
+                                                   if r["n_diverged"] else ""),
+                _fmt(r["mean"]) + (f" ± {_fmt(r['std'], 2)}" if r["n"] > 1 else ""),
+                "" if r["is_baseline"] else _fmt(r["delta"]),
+                "" if r["is_baseline"] else _fmt(r["z"], 3),
+                "" if r["is_baseline"] else _fmt(r["p"], 3),
+                *["" if r["is_baseline"] else _fmt(r["p_adjusted"][c], 3)
+                  + (" *" if sig.get(c) else "") for c in CORRECTIONS],
+                str(r["verdict"]), _fmt(run.params if run else None),
+                _fmt(flops, 4), _fmt(ratio, 4),
+            ])
+        blocks.append(Block("table", header=header, rows=body))
+
+
+def _secondary(rows: list[RunRow], baseline: str, blocks: list[Block]) -> None:
+    tasks = sorted({t for r in rows for t in r.tasks})
+    blocks.append(Block("h2", "All metrics (mean over seeds)"))
+    header = ["scale", "method", "runs", "val loss", *tasks]
+    body = []
+    for scale in sorted({r.scale for r in rows}):
+        methods = sorted({r.method for r in rows if r.scale == scale},
+                         key=lambda m: (m != baseline, m))
+        for m in methods:
+            rs = [r for r in rows if r.scale == scale and r.method == m and r.state == "done"]
+            ok = [r for r in rs if not r.diverged]
+
+            def mean(vals: list[float | None]) -> float | None:
+                v = [x for x in vals if x is not None]
+                return sum(v) / len(v) if v else None
+
+            body.append([scale, f"`{m}`", str(len(rs)), _fmt(mean([r.val_loss for r in ok])),
+                         *[_fmt(mean([r.tasks.get(t) for r in ok]), 3) for t in tasks]])
+    blocks.append(Block("table", header=header, rows=body))
+
+
+def _cross_scale(rows: list[RunRow], metric: str, blocks: list[Block]) -> None:
+    scales = sorted({r.scale for r in rows})
+    if len(scales) < 2:
+        return
+    means: dict[str, dict[str, float | None]] = {}
+    for s in scales:
+        for m in sorted({r.method for r in rows if r.scale == s}):
+            vals = [r.metric(metric) for r in rows if r.scale == s and r.method == m]
+            fin = [v for v in vals if v is not None]
+            means.setdefault(s, {})[m] = sum(fin) / len(fin) if fin and len(fin) == len(vals) \
+                else None
+    blocks.append(Block("h2", "Across scales (Table 3 view)"))
+    methods = sorted({m for s in scales for m in means[s]})
+    sign = -1.0 if higher_is_better(metric) else 1.0
+
+    def rank(s: str, m: str) -> str:
+        v = means[s].get(m)
+        if v is None:
+            return "diverged/missing"
+        order = sorted((sign * x, k) for k, x in means[s].items() if x is not None)
+        return str([k for _, k in order].index(m) + 1)
+
+    body = [[f"`{m}`", *[f"{_fmt(means[s].get(m))} (#{rank(s, m)})" for s in scales]]
+            for m in methods]
+    blocks.append(Block("table", header=["method", *scales], rows=body))
+    for a, b in itertools.pairwise(scales):
+        sp = spearman_across_scales(means[a], means[b])
+        blocks.append(Block("p", f"Spearman ρ({a}, {b}) = {_fmt(sp.rho, 3)} (p = {_fmt(sp.p, 3)},"
+                                 f" n = {sp.n} methods with a score at both scales)."))
+
+
+def _divergence(rows: list[RunRow], blocks: list[Block]) -> None:
+    div = [r for r in rows if r.diverged]
+    blocks.append(Block("h2", "Divergences (Table 6 view)"))
+    if not div:
+        blocks.append(Block("p", "No run diverged."))
+        return
+    body = []
+    for r in div:
+        norms = [g["grad_norm"] for g in r.last_grad_norms if g.get("grad_norm") is not None]
+        body.append([r.scale, f"`{r.method}`", str(r.seed), _fmt(r.diverged_at_step),
+                     _fmt(norms[-1] if norms else None, 3), _fmt(max(norms) if norms else None, 3),
+                     " → ".join(_fmt(g, 2) for g in norms[-5:])])
+    blocks.append(Block("table", header=["scale", "method", "seed", "step", "last finite grad "
+                                         "norm", "max of last 10", "signature (last 5)"],
+                        rows=body))
+
+
+def _figures(root: Path, rows: list[RunRow], baseline: str, metric: str, out: Path,
+             blocks: list[Block]) -> None:
+    blocks.append(Block("h2", "Figures"))
+    for scale in sorted({r.scale for r in rows}):
+        here = [r for r in rows if r.scale == scale and r.state == "done"]
+        loss = {f"{r.method}/s{r.seed}": curves(root, r.key)["loss"] for r in here}
+        gn = {f"{r.method}/s{r.seed}": curves(root, r.key)["grad_norm"] for r in here}
+        p1 = curves_plot(loss, f"training loss — {scale}", "loss", out / f"loss_{scale}.png")
+        p2 = curves_plot(gn, f"gradient norm — {scale}", "grad norm", out / f"gradnorm_{scale}.png",
+                         log_y=True)
+        blocks += [Block("img", f"Training loss, {scale}", path=p1),
+                   Block("img", f"Gradient norm, {scale}", path=p2)]
+        downstream = "climb_avg" if any(r.climb_avg is not None for r in here) else "probe_avg"
+        pts: dict[str, tuple[float, float]] = {}
+        for m in sorted({r.method for r in here}):
+            ok = [r for r in here if r.method == m and not r.diverged]
+            xs = [r.val_loss for r in ok if r.val_loss is not None]
+            ys = [v for v in (r.metric(downstream) for r in ok) if v is not None]
+            if xs and ys:
+                pts[m] = (sum(xs) / len(xs), sum(ys) / len(ys))
+        if pts:
+            p3 = scatter_plot(pts, "validation loss", downstream,
+                              f"validation loss vs {downstream} — {scale}",
+                              out / f"loss_vs_downstream_{scale}.png")
+            blocks.append(Block("img", f"Validation loss against {downstream} (Figure 2 view)",
+                                path=p3))
+        tasks = sorted({t for r in here for t in r.tasks})
+        base = [r for r in here if r.method == baseline and not r.diverged]
+        methods = sorted({r.method for r in here} - {baseline})
+        if tasks and base and methods:
+            def tmean(rs: list[RunRow], t: str) -> float:
+                v = [r.tasks[t] for r in rs if t in r.tasks]
+                return sum(v) / len(v) if v else float("nan")
+
+            vals = [[tmean([r for r in here if r.method == m and not r.diverged], t)
+                     - tmean(base, t) for t in tasks] for m in methods]
+            p4 = heatmap(methods, tasks, vals, f"per-task Δ vs {baseline} — {scale}",
+                         out / f"task_delta_{scale}.png")
+            blocks.append(Block("img", "Per-task Δ against the baseline (Figure 3 view)",
+                                path=p4))
+
+
+def _write_csv(rows: list[RunRow], path: Path) -> None:
+    tasks = sorted({t for r in rows for t in r.tasks})
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["key", "scale", "method", "seed", "state", "status", "val_loss", "params",
+                    "tokens", "diverged_at_step", "climb_avg", *tasks])
+        for r in rows:
+            w.writerow([r.key, r.scale, r.method, r.seed, r.state, r.status, r.val_loss, r.params,
+                        r.tokens, r.diverged_at_step, r.climb_avg,
+                        *[r.tasks.get(t) for t in tasks]])
+
+
+def _markdown(blocks: list[Block], out: Path) -> str:
+    lines: list[str] = []
+    for b in blocks:
+        if b.kind == "h1":
+            lines += [f"# {b.text}", ""]
+        elif b.kind == "h2":
+            lines += [f"## {b.text}", ""]
+        elif b.kind == "p":
+            lines += [b.text, ""]
+        elif b.kind == "table":
+            lines.append("| " + " | ".join(b.header) + " |")
+            lines.append("|" + "---|" * len(b.header))
+            lines += ["| " + " | ".join(r) + " |" for r in b.rows]
+            lines.append("")
+        elif b.kind == "img" and b.path is not None:
+            lines += [f"![{b.text}]({b.path.relative_to(out)})", ""]
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _html(blocks: list[Block]) -> str:
+    body: list[str] = []
+    for b in blocks:
+        if b.kind in ("h1", "h2"):
+            body.append(f"<{b.kind}>{_inline(b.text)}</{b.kind}>")
+        elif b.kind == "p":
+            body.append(f"<p>{_inline(b.text)}</p>")
+        elif b.kind == "table":
+            head = "".join(f"<th>{_inline(h)}</th>" for h in b.header)
+            rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"
+                           for r in b.rows)
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        elif b.kind == "img" and b.path is not None:
+            data = base64.b64encode(b.path.read_bytes()).decode()
+            body.append(f"<figure><img alt='{html.escape(b.text)}' "
+                        f"src='data:image/png;base64,{data}'><figcaption>{_inline(b.text)}"
+                        "</figcaption></figure>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
+             "padding:0 1em}table{border-collapse:collapse;margin:1em 0;font-size:13px}"
+             "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}"
+             "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+             "img{max-width:100%}code{font-size:12px}")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>modbench report</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")

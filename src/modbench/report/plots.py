@@ -1,0 +1,73 @@
+"""PNG figures of a study report (matplotlib, Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+Curve = list[tuple[int, float]]
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def curves_plot(series: dict[str, Curve], title: str, ylabel: str, path: Path,
+                log_y: bool = False) -> Path:
+    """One line per label (e.g. method/seed) of a per-step quantity."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, pts in sorted(series.items()):
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, label=label, linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log_y:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def scatter_plot(points: dict[str, tuple[float, float]], xlabel: str, ylabel: str, title: str,
+                 path: Path) -> Path:
+    """Validation loss against a downstream score, one labelled point per method."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for label, (x, y) in sorted(points.items()):
+        if math.isfinite(x) and math.isfinite(y):
+            ax.scatter([x], [y], s=30)
+            ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def heatmap(rows: Sequence[str], cols: Sequence[str], values: list[list[float]], title: str,
+            path: Path) -> Path:
+    """Per-task Δ vs baseline (methods × tasks), diverging colour map centred on 0."""
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * max(len(cols), 1), 1.0 + 0.35 * len(rows)))
+    finite = [abs(v) for r in values for v in r if math.isfinite(v)]
+    lim = max(finite) if finite else 1.0
+    im = ax.imshow(values, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    for i, r in enumerate(values):
+        for j, v in enumerate(r):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=6)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return _save(fig, path)
