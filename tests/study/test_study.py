@@ -125,3 +125,22 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "3 completed" in capsys.readouterr().out
     assert run_cli(["study", "status", str(tmp_path)]) == 2
     assert run_cli(["study", "run", "no-such-spec", "--no-progress"]) == 2
+
+
+def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
+    from modbench.analysis.stats import noise_floor, undecided
+    from modbench.report.collect import collect
+
+    spec = load_spec(write_spec(tmp_path, methods=["qknorm", "post_ln"],
+                                evaluation={"probes": False}))
+    out = tmp_path / "s"
+    c = run_study(spec, out, until_decided=3, progress=False)
+    rows = collect(out)
+    table: dict[str, dict[int, float | None]] = {}
+    for r in rows:
+        table.setdefault(r.method, {})[r.seed] = r.metric("val_loss")
+    assert all(len(s) <= 3 for s in table.values())
+    assert c["added_seeds"] == len(rows) - 4  # 2 baseline + 2 methods from the spec
+    floor = noise_floor(table["baseline"], higher_is_better=False)
+    # whatever is still undecided has reached the cap
+    assert all(req.capped for req in undecided(table, floor, max_seeds=3))

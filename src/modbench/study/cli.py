@@ -19,6 +19,10 @@ def run(
         help="Study folder [default: studies/<spec name>].")] = None,
     executor: Annotated[str, typer.Option(help="Where runs execute: local.")] = "local",
     workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+    until_decided: Annotated[int | None, typer.Option(
+        help="Then add seeds to methods whose interval straddles the decision threshold, up "
+             "to N seeds per method.")] = None,
+    report: Annotated[bool, typer.Option(help="Write the report when done.")] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train and evaluate every run of a study that is not done yet (a killed study resumes
@@ -31,11 +35,18 @@ def run(
 
     s = load_spec(spec)
     folder = out or Path("studies") / s.name
-    c = run_study(s, folder, executor=executor, workers=workers, progress=progress)
+    c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
+                  progress=progress)
     typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
-               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['failed']} failed")
+               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['failed']} failed"
+               + (f", {c['added_seeds']} seeds added" if until_decided else ""))
     for f in c["failures"]:
         typer.echo(f"  failed: {f}", err=True)
+    if report:
+        from modbench.report.build import build_report
+
+        out = build_report(folder)
+        typer.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if c["failed"]:
         raise typer.Exit(1)
 

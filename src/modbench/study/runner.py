@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from modbench.config import from_dict
 from modbench.errors import ModbenchError
-from modbench.study.spec import RunSpec, StudySpec, expand
+from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store
 
 
@@ -129,23 +129,42 @@ def make_executor(name: str, workers: int) -> Executor:
 
 
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local", workers: int = 1,
-              progress: bool = True) -> dict[str, Any]:
-    """Run every missing run of ``spec`` into the study folder ``out``."""
+              until_decided: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run every missing run of ``spec`` into the study folder ``out``.
+
+    ``until_decided=N``: afterwards, keep adding one seed at a time to every method whose
+    interval still straddles the decision threshold (and to the baseline while it has no
+    noise floor), up to N seeds per method (:func:`modbench.analysis.stats.undecided`).
+    """
     runs = expand(spec)
     store = Store(out)
     (Path(out) / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    store.release_dead()
+    counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
+                              "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}
+    failures: list[str] = []
+    ex = make_executor(executor, workers)
+    while runs:
+        _execute(store, runs, spec, out, ex, counts, failures, progress)
+        if until_decided is None:
+            break
+        runs = _undecided_runs(spec, out, until_decided)
+        counts["added_seeds"] += len(runs)
+    counts["failures"] = failures
+    return counts
+
+
+def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
+             counts: dict[str, Any], failures: list[str], progress: bool) -> None:
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
-    store.release_dead()
     todo = [r for r in runs if store.state(r.key) != "done"]
-    jobs = [_job(out, r, spec) for r in todo]
-    counts = {"total": len(runs), "already_done": len(runs) - len(todo), "trained": 0,
-              "skipped": 0, "failed": 0, "busy": 0, "diverged": 0}
-    failures: list[str] = []
-    bar = tqdm(total=len(runs), initial=counts["already_done"], disable=not progress,
+    counts["total"] += len(runs)
+    counts["already_done"] += len(runs) - len(todo)
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
                desc=f"study {spec.name}", unit="run")
     try:
-        for res in make_executor(executor, workers).run(jobs):
+        for res in ex.run([_job(out, r, spec) for r in todo]):
             counts[res.outcome] += 1
             counts["diverged"] += res.status == "diverged"
             if res.error:
@@ -154,8 +173,30 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local", work
             bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
     finally:
         bar.close()
-    counts["failures"] = failures
-    return counts
+
+
+def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
+    """One new seed for each configuration whose verdict is not settled yet."""
+    from modbench.analysis.stats import noise_floor, undecided
+    from modbench.report.collect import collect, higher_is_better
+
+    metric = spec.evaluation.primary or ("climb_avg" if spec.evaluation.tasks else "val_loss")
+    rows = [r for r in collect(out) if r.state == "done"]
+    new: list[RunSpec] = []
+    for scale in spec.scales:
+        table: dict[str, dict[int, float | None]] = {}
+        for r in rows:
+            if r.scale == scale:
+                table.setdefault(r.method, {})[r.seed] = r.metric(metric)
+        if spec.baseline not in table:
+            continue
+        floor = noise_floor(table[spec.baseline], higher_is_better=higher_is_better(metric))
+        for req in undecided(table, floor, baseline=spec.baseline, max_seeds=cap):
+            if req.capped:
+                continue
+            seed = max(table[req.method]) + 1 if table.get(req.method) else 0
+            new.append(run_spec(spec, scale, req.method, seed))
+    return new
 
 
 def _job(out: str | Path, r: RunSpec, spec: StudySpec) -> Job:

@@ -167,15 +167,17 @@ def expand(spec: StudySpec) -> list[RunSpec]:
             if method in anchors:
                 seeds += [s for s in spec.seeds.noise_floor if s not in seeds]
             for seed in seeds:
-                overrides = [f"data.source={spec.data.source}",
-                             f"data.data_seed={spec.data.data_seed}",
-                             f"data.probe_mix={spec.data.probe_mix}", *spec.overrides]
-                cfg = resolve(scale, recipe=spec.recipe, method=method, seed=int(seed),
-                              overrides=overrides)
-                plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
-                key = config_key(cfg)
-                if key in seen:
-                    continue
-                seen.add(key)
-                runs.append(RunSpec(key, scale, method, int(seed), cfg))
+                run = run_spec(spec, scale, method, int(seed))
+                if run.key not in seen:
+                    seen.add(run.key)
+                    runs.append(run)
     return runs
+
+
+def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
+    """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings."""
+    overrides = [f"data.source={spec.data.source}", f"data.data_seed={spec.data.data_seed}",
+                 f"data.probe_mix={spec.data.probe_mix}", *spec.overrides]
+    cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
+    plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
+    return RunSpec(config_key(cfg), scale, method, seed, cfg)
