@@ -42,13 +42,24 @@ class ModelConfig:
     tie_embeddings: bool = True
     init_std: float = 0.02
     method: str = "baseline"
+    # Attention head size d_h when it is not d_model / n_heads (None: d_model // n_heads).
+    # The attention then works at width n_heads * d_h and projects back to d_model (used by
+    # Pre-CRMSNorm, whose residual stream is d - 1 wide while the heads keep their size).
+    attn_head_dim: int | None = None
 
     @property
     def head_dim(self) -> int:
+        """The resolved head dimension d_h."""
+        if self.attn_head_dim is not None:
+            return self.attn_head_dim
         return self.d_model // self.n_heads
 
     def validate(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.attn_head_dim is not None and self.attn_head_dim <= 0:
+            raise ModbenchError(
+                f"model.attn_head_dim must be positive (or empty), got {self.attn_head_dim}"
+            )
+        if self.attn_head_dim is None and self.d_model % self.n_heads:
             raise ModbenchError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
                 "choose sizes so that d_model = n_heads * head_dim"
@@ -235,6 +246,17 @@ PRESETS: dict[str, Preset] = {
             train={"steps": 300, "batch_size": 16, "seq_len": 128, "eval_every": 100,
                    "eval_sequences": 128},
             note="A few million parameters; trains usefully in minutes on 2 CPU cores.",
+        ),
+        Preset(
+            "cpu-deep",
+            ModelConfig(vocab_size=1024, d_model=64, n_layers=24, n_heads=4, n_kv_heads=4,
+                        d_ff=176, max_seq_len=128, norm_eps=1e-6, tie_embeddings=False),
+            recipe="c4-mixln",
+            train={"steps": 500, "batch_size": 8, "seq_len": 64, "eval_every": 100,
+                   "eval_sequences": 32},
+            note="Deep and narrow (24 layers of width 64, full MHA, untied head, the LLaMA "
+                 "scripts' eps) at the c4-mixln recipe (Adam 1e-3, no clipping): a CPU-cheap "
+                 "probe of depth instability for the norm placements (about 1.4M parameters).",
         ),
         Preset("llama-60m", _llama(32000, 512, 8, 8, 1376), "c4-mixln",
                {**_LLAMA_TRAIN, "steps": 10000}, _MIXLN_NOTE),

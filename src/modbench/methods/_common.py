@@ -1,0 +1,50 @@
+"""Helpers shared by the normalization methods (not a method module: names starting with
+``_`` are not imported by the registry)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from modbench.config import ModelConfig
+
+
+def baseline_norm_count(cfg: ModelConfig) -> int:
+    """Norms of the baseline (Pre-LN) placement: two input norms per block and the final
+    norm. Norm types document their parameter overhead against this placement."""
+    return 2 * cfg.n_layers + 1
+
+
+class StepCallback:
+    """Trainer callback that tells step-dependent modules the current optimizer step.
+
+    Before every batch (and at the start, so a resumed run is right from its first step) it
+    calls ``module.modbench_set_step(step, total_steps)`` on every module of the model that
+    has that method. Outside the trainer the modules keep their own step (0 unless set).
+    """
+
+    def _apply(self, trainer: Any, step: int) -> None:
+        total = trainer.cfg.train.steps
+        for m in trainer.model.modules():
+            fn = getattr(m, "modbench_set_step", None)
+            if callable(fn):
+                fn(step, total)
+
+    def on_train_start(self, trainer: Any) -> None:
+        self._apply(trainer, trainer.step)
+
+    def on_batch(self, trainer: Any, step: int, batch: Any) -> None:
+        self._apply(trainer, step)
+
+    def after_optimizer_step(self, trainer: Any, step: int) -> None: ...
+    def on_step_end(self, trainer: Any, step: int, record: dict[str, Any]) -> None: ...
+    def on_eval(self, trainer: Any, step: int, val_loss: float) -> None: ...
+    def on_train_end(self, trainer: Any, summary: dict[str, Any]) -> None: ...
+
+
+def inner_linear(m: nn.Module) -> nn.Module:
+    """The plain linear layer inside any chain of linear wrappers (``.inner``)."""
+    while hasattr(m, "inner"):
+        m = m.inner
+    return m
