@@ -46,42 +46,69 @@ from modbench.model.spec import ModelSpec
 from modbench.model.stream import ForwardContext
 
 
-class SoftCapKernel(ExplicitKernel):
-    """``softmax(c tanh(s / c) + causal) v``; FlexAttention on CUDA, explicit elsewhere."""
+def soft_cap(s: torch.Tensor, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(s / cap)
+
+
+def hard_cap(s: torch.Tensor, cap: float) -> torch.Tensor:
+    return s.clamp(-cap, cap)
+
+
+class _CapKernel(ExplicitKernel):
+    """Capped scores ``cap_fn(s, c)`` before the causal softmax: FlexAttention on CUDA (the
+    same function as ``score_mod``), else :meth:`shortcut` or the explicit path."""
+
+    form = ""
 
     def __init__(self, cap: float) -> None:
         super().__init__()
         self.cap = cap
 
+    @staticmethod
+    def cap_fn(s: torch.Tensor, cap: float) -> torch.Tensor:
+        raise NotImplementedError
+
     def score(self, logits: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.cap * torch.tanh(logits / self.cap)
+        return self.cap_fn(logits, self.cap)
+
+    def shortcut(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 ctx: ForwardContext) -> torch.Tensor | None:
+        """A faster exact path for this input, if any (default: none)."""
+        return None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
         if flex_usable(q):
-            cap = self.cap
+            cap, fn = self.cap, self.cap_fn
 
             def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
-                return cap * torch.tanh(s / cap)
+                return fn(s, cap)
 
             return flex_causal_attention(q, k, v, score_mod)
-        return super().forward(q, k, v, ctx)
+        fast = self.shortcut(q, k, v, ctx)
+        return fast if fast is not None else super().forward(q, k, v, ctx)
 
     def extra_repr(self) -> str:
-        return f"cap={self.cap:g}, form=soft"
+        return f"cap={self.cap:g}, form={self.form}"
 
 
-class HardCapKernel(ExplicitKernel):
+class SoftCapKernel(_CapKernel):
+    """``softmax(c tanh(s / c) + causal) v``; FlexAttention on CUDA, explicit elsewhere."""
+
+    form = "soft"
+    cap_fn = staticmethod(soft_cap)
+
+
+class HardCapKernel(_CapKernel):
     """``softmax(clamp(s, -c, c) + causal) v``; SDPA whenever the cap provably cannot bind."""
 
-    def __init__(self, cap: float) -> None:
-        super().__init__()
-        self.cap = cap
-        self.sdpa = SDPAKernel()
+    form = "hard"
+    cap_fn = staticmethod(hard_cap)
 
-    def score(self, logits: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return logits.clamp(-self.cap, self.cap)
+    def __init__(self, cap: float) -> None:
+        super().__init__(cap)
+        self.sdpa = SDPAKernel()
 
     def cap_cannot_bind(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         with torch.no_grad():
@@ -90,22 +117,9 @@ class HardCapKernel(ExplicitKernel):
             bound = qn * kn / math.sqrt(q.shape[-1])
         return bool(bound <= self.cap)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        if flex_usable(q):
-            cap = self.cap
-
-            def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
-                return s.clamp(-cap, cap)
-
-            return flex_causal_attention(q, k, v, score_mod)
-        if self.cap_cannot_bind(q, k):
-            return self.sdpa(q, k, v, ctx)
-        return super().forward(q, k, v, ctx)
-
-    def extra_repr(self) -> str:
-        return f"cap={self.cap:g}, form=hard"
+    def shortcut(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 ctx: ForwardContext) -> torch.Tensor | None:
+        return self.sdpa(q, k, v, ctx) if self.cap_cannot_bind(q, k) else None
 
 
 @register

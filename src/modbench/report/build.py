@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from modbench.analysis.stats import CORRECTIONS, compare, spearman_across_scales
-from modbench.report.collect import RunRow, collect, curves, higher_is_better
+from modbench.report.collect import RunRow, collect, curves, default_metric, higher_is_better
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 
 
@@ -96,7 +96,7 @@ def build_report(study: str | Path, metric: str | None = None) -> Path:
     baseline = spec.get("baseline", "baseline")
     anchors = list((spec.get("seeds") or {}).get("anchors") or [])
     ev = spec.get("evaluation") or {}
-    metric = metric or ev.get("primary") or ("climb_avg" if ev.get("tasks") else "val_loss")
+    metric = metric or default_metric(ev.get("primary"), ev.get("tasks"))
     out = root / "report"
     out.mkdir(exist_ok=True)
     stats = analyse(rows, baseline, metric, anchors)
@@ -223,8 +223,9 @@ def _figures(root: Path, rows: list[RunRow], baseline: str, metric: str, out: Pa
     blocks.append(Block("h2", "Figures"))
     for scale in sorted({r.scale for r in rows}):
         here = [r for r in rows if r.scale == scale and r.state == "done"]
-        loss = {f"{r.method}/s{r.seed}": curves(root, r.key)["loss"] for r in here}
-        gn = {f"{r.method}/s{r.seed}": curves(root, r.key)["grad_norm"] for r in here}
+        per_run = {f"{r.method}/s{r.seed}": curves(root, r.key) for r in here}
+        loss = {label: c["loss"] for label, c in per_run.items()}
+        gn = {label: c["grad_norm"] for label, c in per_run.items()}
         p1 = curves_plot(loss, f"training loss — {scale}", "loss", out / f"loss_{scale}.png")
         p2 = curves_plot(gn, f"gradient norm — {scale}", "grad norm", out / f"gradnorm_{scale}.png",
                          log_y=True)

@@ -54,6 +54,12 @@ def higher_is_better(metric: str) -> bool:
     return HIGHER_IS_BETTER.get(metric, True)
 
 
+def default_metric(primary: str | None, tasks: list[str] | None) -> str:
+    """A study's decision metric: its ``evaluation.primary``, else ``climb_avg`` when it runs
+    harness tasks, else ``val_loss``."""
+    return primary or ("climb_avg" if tasks else "val_loss")
+
+
 def collect(study: str | Path) -> list[RunRow]:
     root = Path(study)
     if not (root / "index.sqlite").is_file():

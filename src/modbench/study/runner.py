@@ -10,6 +10,7 @@ store's atomic claims make them safe to run side by side.
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import shutil
@@ -63,8 +64,6 @@ def execute_job(job: Job) -> JobResult:
     try:
         summary_file = run / "summary.json"
         if summary_file.is_file():
-            import json
-
             summary = json.loads(summary_file.read_text())
             outcome = "skipped"
         else:
@@ -78,8 +77,6 @@ def execute_job(job: Job) -> JobResult:
         if summary["status"] == "completed" and (ev.get("probes") or ev.get("tasks")):
             eval_file = run / "eval.json"
             if eval_file.is_file():
-                import json
-
                 evaluation = json.loads(eval_file.read_text())
             else:
                 evaluation = evaluate_run(run, probes=bool(ev.get("probes")),
@@ -178,9 +175,9 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
 def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
     """One new seed for each configuration whose verdict is not settled yet."""
     from modbench.analysis.stats import noise_floor, undecided
-    from modbench.report.collect import collect, higher_is_better
+    from modbench.report.collect import collect, default_metric, higher_is_better
 
-    metric = spec.evaluation.primary or ("climb_avg" if spec.evaluation.tasks else "val_loss")
+    metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
     rows = [r for r in collect(out) if r.state == "done"]
     new: list[RunSpec] = []
     for scale in spec.scales:
