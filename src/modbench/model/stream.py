@@ -1,25 +1,56 @@
 """The residual stream as an object, and the per-forward context.
 
-Each sublayer reads its input from the stream and writes its output back::
+The block never adds residuals itself. For every sublayer it asks the stream for the input
+and hands the branch output back::
 
-    x = stream.read(state, layer, "attn")
+    state = stream.start(x0)                                   # once per forward
+    x = stream.read(state, layer, "attn")                      # the sublayer's input
+    out = post_norm(core(pre_norm(x)))
     stream.write(state, layer, "attn", out, merge, residual_norm)
+    ...
+    h = final_norm(stream.finish(state))                       # once per forward
 
-``state`` (a :class:`StreamState`, one per forward pass) records every sublayer's input,
-output and the stream value after the merge, so a stream implementation, a merge or a core
-can look at any earlier sublayer. The default :class:`AdditiveStream` is the plain
-``x + out`` residual; LayerScale, DeepNorm's ``alpha x + out`` and LAUREL are *merges*
-(per-sublayer modules), while DenseFormer, Hyper-Connections, Attention Residuals and
-nGPT replace the stream (or the merge) through the ``stream``/``merge`` slots.
+A stream is an ``nn.Module`` built once per model by the ``stream`` slot's ``factory(cfg)``;
+it may hold parameters per sublayer (index ``sublayer_index(layer, sublayer)``, 0 .. 2L - 1).
+``state`` (a :class:`StreamState`, one per forward pass) records every sublayer's input, output
+and the stream value after its write, so a stream, a merge or a core can look at any earlier
+sublayer. Implementations:
+
+- :class:`AdditiveStream` (baseline): ``x' = residual_norm(merge(x, out))``; ``merge`` is the
+  ``merge`` slot (``x + out``, LayerScale, DeepNorm's ``alpha x + out``, LAUREL, nGPT).
+- DenseFormer (``methods/denseformer.py``): additive inside each block, then a depth-weighted
+  average of the embedding and all earlier block outputs after the block's FFN write.
+- Hyper-Connections (``methods/hyper_connections.py``): ``state.x`` holds n lanes
+  ``(..., n, d)``; ``read`` mixes them into the sublayer input (width connection), ``write``
+  re-mixes them and adds the output (depth connection); ``finish`` reduces the lanes.
+- Attention Residuals (``methods/attnres.py``): the stream is the list of earlier outputs;
+  ``read`` is a softmax over depth; ``write`` appends.
+
+Streams that replace the additive merge claim the ``merge`` slot with :func:`claim_merge`, so
+a method that also fills it is refused by the slot rules, in either order.
+
+Activation memory is measured by :func:`modbench.analysis.memory.saved_activation_bytes`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from modbench.errors import ModbenchError
+
+SUBLAYER_ORDER = ("attn", "ffn")
+
+
+def sublayer_index(layer: int, sublayer: str) -> int:
+    """0-based position of a sublayer in the stream: block ``l``'s attention is ``2l``, its
+    FFN ``2l + 1``."""
+    return 2 * layer + SUBLAYER_ORDER.index(sublayer)
 
 
 @dataclass
@@ -30,14 +61,21 @@ class Record:
     sublayer: str  # "attn" | "ffn"
     input: torch.Tensor  # what read() returned
     output: torch.Tensor  # the branch output handed to write()
-    after: torch.Tensor  # the stream value after merge and residual norm
+    # the stream value after the write: one lane (..., d) for the additive stream and
+    # DenseFormer (after the depth average, where one ran), the lanes (..., n, d) for
+    # Hyper-Connections, the newest depth source for Attention Residuals
+    after: torch.Tensor
+
+    @property
+    def index(self) -> int:
+        return sublayer_index(self.layer, self.sublayer)
 
 
 @dataclass
 class StreamState:
     """Per-forward state of the residual stream."""
 
-    x: torch.Tensor  # the current stream value
+    x: torch.Tensor  # the current stream value (its layout is the stream's own)
     embedding: torch.Tensor  # the (normed) embedding output, v_0
     history: list[Record] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # scratch for stream implementations
@@ -65,7 +103,32 @@ def add_merge_factory(cfg: Any, layer: int, sublayer: str) -> nn.Module:
     return AddMerge()
 
 
-class AdditiveStream(nn.Module):
+class Stream(nn.Module):
+    """The protocol the block calls (see the module docstring). Subclasses override all four
+    methods; ``write`` must append one :class:`Record` to ``state.history``."""
+
+    def start(self, x0: torch.Tensor) -> StreamState:
+        raise NotImplementedError
+
+    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def write(
+        self,
+        state: StreamState,
+        layer: int,
+        sublayer: str,
+        out: torch.Tensor,
+        merge: nn.Module,
+        residual_norm: nn.Module,
+    ) -> None:
+        raise NotImplementedError
+
+    def finish(self, state: StreamState) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class AdditiveStream(Stream):
     """The standard residual stream: one lane, each sublayer merged into it in turn."""
 
     def start(self, x0: torch.Tensor) -> StreamState:
@@ -93,3 +156,44 @@ class AdditiveStream(nn.Module):
 
 def additive_stream_factory(cfg: Any) -> nn.Module:
     return AdditiveStream()
+
+
+# ----------------------------------------------------------- helpers for stream methods
+
+
+class StreamMerge(nn.Module):
+    """What sits in the ``merge`` slot when a stream replaces the additive merge itself
+    (Hyper-Connections, Attention Residuals). The stream never calls it."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor, state: StreamState) -> torch.Tensor:
+        raise ModbenchError(f"the '{self.owner}' stream merges sublayer outputs itself; "
+                            "its merge slot is not meant to be called")
+
+    def extra_repr(self) -> str:
+        return f"merged by the {self.owner} stream"
+
+
+def claim_merge(spec: Any, by: str) -> None:
+    """Fill the ``merge`` slot for a stream that replaces the additive merge, so that any
+    method filling it too (LayerScale, DeepNorm, LAUREL, nGPT) is refused, in either order."""
+
+    def factory(cfg: Any, layer: int, sublayer: str) -> nn.Module:
+        return StreamMerge(by)
+
+    spec.fill("merge", factory, by=by, key=("stream-owned merge", by))
+
+
+def is_identity(m: nn.Module) -> bool:
+    return isinstance(m, nn.Identity)
+
+
+@contextmanager
+def stream_precision(x: torch.Tensor) -> Iterator[None]:
+    """Run the stream's own mixing in the stream's dtype: under bf16 autocast a matmul would
+    otherwise round the (float32) residual stream to bf16."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        yield
