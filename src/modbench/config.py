@@ -134,6 +134,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     compile: bool = False
     threads: int = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+    # Initial weights for a fresh start (ignored on --resume): a run folder or a checkpoint
+    # file; methods may map the weights onto new shapes (TokenFormer growth).
+    init_from: str | None = None
 
     def validate(self) -> None:
         if self.steps <= 0:

@@ -67,6 +67,18 @@ class Method:
     def callbacks(self) -> list[Any]:
         return []
 
+    def grow_state_dict(self, state: dict[str, Any], old_cfg: ModelConfig,
+                        new_cfg: ModelConfig, target: dict[str, Any] | None = None,
+                        ) -> dict[str, Any]:
+        """Adapt model weights trained under ``old_cfg`` to this model (``train.init_from``).
+
+        ``target`` is the new model's freshly initialised state dict. The default passes
+        ``state`` through unchanged; after every method's hook the trainer requires the same
+        parameter names and shapes as the new model. A method whose shapes may change (e.g.
+        TokenFormer's parameter tokens) maps the old weights onto the new shapes here.
+        """
+        return state
+
     def extra_params(self, cfg: ModelConfig) -> int:
         """Documented parameter overhead over the baseline for this config (the formula in the
         docstring). The shared registry test checks it against the built model."""

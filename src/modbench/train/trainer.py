@@ -4,6 +4,11 @@ It owns the schedule, clipping, precision, the seed split (init seed -> weights;
 batch order), metrics, validation, divergence detection and atomic checkpoints. Extras
 attach as :class:`Callback` objects, never as edits to the loop.
 
+A fresh start may take its initial weights from another run (``train.init_from``: a run
+folder or a checkpoint file; ignored on resume): after the usual initialisation the trainer
+loads that checkpoint's model weights, through each method's ``grow_state_dict`` hook (e.g.
+TokenFormer growth), and records the source under ``meta.init_from`` in ``config.yaml``.
+
 Run folder::
 
     DIR/config.yaml         fully resolved config (+ method recipe exceptions, code version)
@@ -32,10 +37,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import modbench
-from modbench.config import RunConfig, dump_yaml
+from modbench.config import ModelConfig, RunConfig, dump_yaml, from_dict
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
-from modbench.methods.base import collect_recipe_exceptions
+from modbench.methods.base import Method, collect_recipe_exceptions
 from modbench.model.build import Plan, build_model, count_params, plan
 from modbench.model.transformer import lm_loss
 from modbench.train.checkpoint import load_checkpoint, save_checkpoint
@@ -152,8 +157,10 @@ class Trainer:
             setattr(cfg.recipe, key, value)
         cfg.recipe.validate()
         self.cfg = cfg
-        # 2. the run folder
+        # 2. the run folder (and the initial weights of a fresh start)
         self._check_out_dir()
+        self.init_checkpoint = (None if resume or cfg.train.init_from is None
+                                else init_checkpoint(cfg.train.init_from))
         # 3. data (missing, corrupt, wrong vocabulary, wrong packing)
         self.data = open_data(cfg, progress)
         self.device = resolve_device(cfg.train.device)
@@ -213,9 +220,15 @@ class Trainer:
                 with open(self.out / "metrics.jsonl", "r+b") as f:
                     f.truncate(metrics_offset)
             else:
+                meta_init = None
+                if self.init_checkpoint is not None:
+                    meta_init = load_initial_weights(self.model, self.plan.methods, cfg.model,
+                                                     self.init_checkpoint)
                 self.out.mkdir(parents=True, exist_ok=True)
                 meta = {"meta": {"code": code_version(), "slots": self.plan.spec.describe(),
                                  "params": count_params(cfg.model)}}
+                if meta_init is not None:
+                    meta["meta"]["init_from"] = meta_init
                 atomic_write_text(self.out / "config.yaml",
                                   dump_yaml(cfg) + "\n" + yaml.safe_dump(meta, sort_keys=False))
         except BaseException:
@@ -351,6 +364,55 @@ class Trainer:
         return summary
 
 
+def init_checkpoint(source: str | Path) -> Path:
+    """The checkpoint file that ``train.init_from`` names: the file itself, or a run folder's
+    ``checkpoints/last.pt``."""
+    path = Path(str(source))
+    if path.is_dir() and (path / CHECKPOINT).is_file():
+        return path / CHECKPOINT
+    if path.is_file():
+        return path
+    raise ModbenchError(
+        f"train.init_from={source} is neither a checkpoint file nor a run folder with "
+        f"{CHECKPOINT}; give the folder of a finished run"
+    )
+
+
+def load_initial_weights(model: nn.Module, methods: Sequence[Method], new_cfg: ModelConfig,
+                         path: Path) -> dict[str, Any]:
+    """Load the model weights of checkpoint ``path`` into ``model`` (a fresh start from
+    another run's weights). Each method's ``grow_state_dict`` hook may first map them onto
+    the new shapes; then names and shapes must match the model exactly. Returns what the
+    run's config records under ``meta.init_from``."""
+    state = load_checkpoint(path)
+    if "model" not in state or "config" not in state:
+        raise ModbenchError(f"{path} is not a modbench training checkpoint (no model weights "
+                            "or config); give a run folder written by `modbench train`")
+    old_cfg = from_dict(state["config"]).model
+    weights: dict[str, Any] = state["model"]
+    target = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    for m in methods:
+        weights = m.grow_state_dict(weights, old_cfg, new_cfg, target)
+    missing = sorted(set(target) - set(weights))
+    extra = sorted(set(weights) - set(target))
+    if missing or extra:
+        which = (f"lacks parameter '{missing[0]}'" if missing
+                 else f"has parameter '{extra[0]}' that this model does not")
+        raise ModbenchError(
+            f"cannot initialise from {path}: it {which} (method {old_cfg.method!r} there, "
+            f"{new_cfg.method!r} here); initialise from a run of the same architecture"
+        )
+    for k, v in target.items():
+        if tuple(weights[k].shape) != tuple(v.shape):
+            raise ModbenchError(
+                f"cannot initialise from {path}: parameter '{k}' has shape "
+                f"{tuple(weights[k].shape)} there and {tuple(v.shape)} here; only a method "
+                "with a growth rule (tokenformer slots) may change shapes"
+            )
+    model.load_state_dict(weights)
+    return {"checkpoint": str(path), "step": state.get("step"), "method": old_cfg.method}
+
+
 def _ppl(loss: float | None) -> float:
     if loss is None or not math.isfinite(loss):
         return float("nan")
@@ -377,4 +439,5 @@ def train(
     return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks, progress=progress).run()
 
 
-__all__ = ["Callback", "Trainer", "open_data", "train", "validation_loss"]
+__all__ = ["Callback", "Trainer", "init_checkpoint", "load_initial_weights", "open_data", "train",
+           "validation_loss"]
