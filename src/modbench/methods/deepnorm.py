@@ -87,14 +87,16 @@ class DeepNorm(Method):
         for i, block in enumerate(model.blocks):  # type: ignore[attr-defined]
             for path in SCALED:
                 try:
-                    mod = block.get_submodule(path)
+                    weight = inner_linear(block.get_submodule(path)).weight
                 except AttributeError:
+                    weight = None
+                if not isinstance(weight, torch.Tensor):
                     raise ModbenchError(
-                        f"deepnorm scales {path} of every block at init, but block {i} has no "
-                        "such projection (another method replaced the attention or FFN core); "
+                        f"deepnorm scales the {path} projection of every block at init, but "
+                        f"block {i} has no such linear layer (another method replaced it); "
                         "these methods cannot be combined"
-                    ) from None
-                inner_linear(mod).weight.mul_(beta)
+                    )
+                weight.mul_(beta)
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return 0
