@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from modbench.config import ModelConfig
+from modbench.train.callback import Callback
 
 
 def baseline_norm_count(cfg: ModelConfig) -> int:
@@ -16,7 +17,7 @@ def baseline_norm_count(cfg: ModelConfig) -> int:
     return 2 * cfg.n_layers + 1
 
 
-class StepCallback:
+class StepCallback(Callback):
     """Trainer callback that tells step-dependent modules the current optimizer step.
 
     Before every batch (and at the start, so a resumed run is right from its first step) it
@@ -37,10 +38,6 @@ class StepCallback:
     def on_batch(self, trainer: Any, step: int, batch: Any) -> None:
         self._apply(trainer, step)
 
-    def after_optimizer_step(self, trainer: Any, step: int) -> None: ...
-    def on_step_end(self, trainer: Any, step: int, record: dict[str, Any]) -> None: ...
-    def on_eval(self, trainer: Any, step: int, val_loss: float) -> None: ...
-    def on_train_end(self, trainer: Any, summary: dict[str, Any]) -> None: ...
 
 
 def inner_linear(m: nn.Module) -> nn.Module:

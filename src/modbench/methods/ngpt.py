@@ -82,6 +82,7 @@ from modbench.methods.base import Method, register
 from modbench.model.attention import SDPAKernel
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import ForwardContext, StreamState
+from modbench.train.callback import Callback
 
 OUTPUT_SIDE = ("o", "down")  # weights normalised along dim 0 (columns); all others dim 1
 ALPHA_INIT = 0.05
@@ -150,17 +151,11 @@ def renormalize(model: nn.Module) -> None:
             m.renormalize()
 
 
-class Renormalize:
+class Renormalize(Callback):
     """Trainer callback: :func:`renormalize` after every optimizer step."""
 
     def after_optimizer_step(self, trainer: Any, step: int) -> None:
         renormalize(trainer.model)
-
-    def on_train_start(self, trainer: Any) -> None: ...
-    def on_batch(self, trainer: Any, step: int, batch: Any) -> None: ...
-    def on_step_end(self, trainer: Any, step: int, record: dict[str, Any]) -> None: ...
-    def on_eval(self, trainer: Any, step: int, val_loss: float) -> None: ...
-    def on_train_end(self, trainer: Any, summary: dict[str, Any]) -> None: ...
 
 
 def no_norm_sites(site: str, layer: int, n_layers: int) -> bool:

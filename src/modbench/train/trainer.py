@@ -43,23 +43,13 @@ from modbench.fsutil import atomic_write_text
 from modbench.methods.base import Method, collect_recipe_exceptions
 from modbench.model.build import Plan, build_model, count_params, plan
 from modbench.model.transformer import lm_loss
+from modbench.train.callback import Callback
 from modbench.train.checkpoint import load_checkpoint, save_checkpoint
 from modbench.train.optim import build_optimizer
 from modbench.train.schedule import lr_at
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 LAST_GRAD_NORMS = 10
-
-
-class Callback:
-    """Hooks into the training loop; override what you need."""
-
-    def on_train_start(self, trainer: Trainer) -> None: ...
-    def on_batch(self, trainer: Trainer, step: int, batch: torch.Tensor) -> None: ...
-    def after_optimizer_step(self, trainer: Trainer, step: int) -> None: ...
-    def on_step_end(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None: ...
-    def on_eval(self, trainer: Trainer, step: int, val_loss: float) -> None: ...
-    def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None: ...
 
 
 def code_version() -> dict[str, Any]:
