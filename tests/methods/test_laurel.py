@@ -17,7 +17,7 @@ from modbench.methods.laurel import LaurelMerge
 from modbench.model.build import build_model, count_params
 from modbench.model.stream import StreamState
 from modbench.model.transformer import lm_loss
-from tests.helpers import tiny
+from tests.helpers import run_capturing, tiny
 from tests.methods.attn_reference import IDX, small_cfg
 
 VARIANTS = [
@@ -27,23 +27,6 @@ VARIANTS = [
     "laurel_rw+laurel_lr", "laurel_rw+laurel_pa(k=2)", "laurel_lr(rank=4)+laurel_pa",
     "laurel_rw(norm=sigmoid)+laurel_lr(rank=8)+laurel_pa(rank=4,k=null)",
 ]
-
-
-def run_capturing(model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, StreamState]:
-    """Logits and the forward's StreamState (every sublayer's input, output, after)."""
-    seen: list[StreamState] = []
-    finish = model.stream.finish  # type: ignore[union-attr]
-
-    def capture(state: StreamState) -> torch.Tensor:
-        seen.append(state)
-        return finish(state)
-
-    model.stream.finish = capture  # type: ignore[union-attr,method-assign]
-    try:
-        logits = model(idx)
-    finally:
-        del model.stream.finish  # type: ignore[union-attr]
-    return logits, seen[0]
 
 
 def randomize_merges(model: torch.nn.Module, seed: int = 3) -> None:

@@ -15,10 +15,9 @@ import yaml
 from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
 from modbench.model.build import build_model, count_params
-from modbench.model.stream import StreamState
 from modbench.model.transformer import lm_loss
 from modbench.train.trainer import Trainer
-from tests.helpers import read_metrics, tiny
+from tests.helpers import read_metrics, run_capturing, tiny
 from tests.methods.attn_reference import IDX, built
 from tests.reference import rope
 
@@ -67,23 +66,6 @@ def reference_logits(model: torch.nn.Module, idx: torch.Tensor, cfg: object) -> 
         z = (x @ sd["head.weight"].T) * sd["logits_transform.s_z.weight"] * rd
         out.append(z)
     return torch.stack(out)
-
-
-def run_capturing(model: torch.nn.Module, idx: torch.Tensor) -> StreamState:
-    seen: list[StreamState] = []
-    finish = model.stream.finish  # type: ignore[union-attr]
-
-    def capture(state: StreamState) -> torch.Tensor:
-        seen.append(state)
-        return finish(state)
-
-    model.stream.finish = capture  # type: ignore[union-attr,method-assign]
-    try:
-        with torch.no_grad():
-            model(idx)
-    finally:
-        del model.stream.finish  # type: ignore[union-attr]
-    return seen[0]
 
 
 def weight_norms(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -136,7 +118,8 @@ def test_no_norm_layers_untied_head_and_sdpa_scale() -> None:
 def test_unit_norm_weights_and_hidden_states_at_init() -> None:
     model = build_model(tiny("ngpt").model, seed=0)
     assert_unit(weight_norms(model))
-    state = run_capturing(model, IDX % 512)
+    with torch.no_grad():
+        _, state = run_capturing(model, IDX % 512)
     assert_unit({"x0": state.embedding.norm(dim=-1)})
     assert_unit({f"after {i}": r.after.norm(dim=-1) for i, r in enumerate(state.history)})
 
@@ -153,7 +136,8 @@ def test_unit_norm_after_optimizer_steps_and_recipe_exceptions(tmp_path: Path) -
     init = build_model(tiny("ngpt").model, seed=0)
     assert not torch.allclose(model.head.weight, init.head.weight)  # the optimizer moved it
     assert_unit(weight_norms(model))
-    state = run_capturing(model, torch.randint(0, 512, (2, 32)))
+    with torch.no_grad():
+        _, state = run_capturing(model, torch.randint(0, 512, (2, 32)))
     assert_unit({"x0": state.embedding.norm(dim=-1)})
     assert_unit({f"after {i}": r.after.norm(dim=-1) for i, r in enumerate(state.history)})
     # recipe exceptions: applied and recorded in the run's config
