@@ -57,7 +57,7 @@ def test_bad_specs(tmp_path: Path, kw: dict, msg: str) -> None:  # type: ignore[
         expand(load_spec(write_spec(tmp_path, **kw)))
 
 
-def test_run_skip_and_resume(tmp_path: Path) -> None:
+def test_run_skip_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = load_spec(write_spec(tmp_path))
     out = tmp_path / "study"
     c = run_study(spec, out, progress=False)
@@ -83,6 +83,8 @@ def test_run_skip_and_resume(tmp_path: Path) -> None:
                (f"{socket.gethostname()}:999999999", victim))
     db.commit()
     db.close()
+    assert run_cli(["study", "status", str(out)]) == 0
+    assert "interrupted" in capsys.readouterr().out  # not "running": its worker is gone
     third = run_study(spec, out, progress=False)
     assert (third["already_done"], third["trained"]) == (2, 1)
     assert json.loads((out / "runs" / victim / "summary.json").read_text())["steps"] == 4

@@ -58,8 +58,12 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
     Example: modbench study status studies/builtin-cpu
     """
     from modbench.study.runner import group_rows, study_status
+    from modbench.study.store import worker_gone
 
     rows = study_status(folder)
+    for r in rows:  # a killed study leaves its claimed run "running" until the next `run`
+        if r["state"] == "running" and worker_gone(r.get("worker")):
+            r["state"] = "interrupted"
     counts = group_rows(rows)
     typer.echo(f"{folder}: {len(rows)} runs — " + ", ".join(
         f"{v} {k}" for k, v in sorted(counts.items())))
@@ -71,6 +75,8 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
             extra = f"diverged at step {s.get('diverged_at_step')}"
         if r["state"] == "failed":
             extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
+        if r["state"] == "interrupted":
+            extra = "its worker is gone; run `modbench study run` again to resume it"
         typer.echo(f"  {r['scale']:<12} {r['method']:<28} s{r['seed']:<4} "
                    f"{(r['status'] or r['state']):<10} {extra}")
 

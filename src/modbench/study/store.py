@@ -88,9 +88,7 @@ class Store:
         n = 0
         with self._db() as db:
             for row in db.execute("SELECT key, worker FROM runs WHERE state='running'"):
-                w = row["worker"] or ""
-                h, _, pid = w.rpartition(":")
-                if h == host and pid.isdigit() and not _alive(int(pid)):
+                if worker_gone(row["worker"], host):
                     db.execute("UPDATE runs SET state='pending', worker=NULL WHERE key=?",
                                (row["key"],))
                     n += 1
@@ -124,6 +122,13 @@ class Store:
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def worker_gone(worker: str | None, host: str | None = None) -> bool:
+    """True when ``worker`` (``host:pid``) is a process of this host that no longer exists
+    (a killed study); workers on other hosts are never judged from here."""
+    h, _, pid = (worker or "").rpartition(":")
+    return h == (host or socket.gethostname()) and pid.isdigit() and not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:
