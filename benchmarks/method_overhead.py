@@ -29,6 +29,7 @@ import torch
 
 from modbench.config import resolve
 from modbench.methods import load_all
+from modbench.methods.base import _split_top
 from modbench.methods.selective import SelectiveKernel
 from modbench.methods.softcap import HardCapKernel
 from modbench.model.attention import ExplicitKernel
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.methods:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        methods = [m.strip() for m in _split_top(args.methods, ",") if m.strip()]
     else:
         methods = sorted(load_all()) + COMBOS
     if "baseline" not in methods:
