@@ -34,6 +34,7 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.methods._common import baseline_norm_count
 from modbench.methods.base import Method, register
+from modbench.model.norms import inv_rms
 from modbench.model.spec import ModelSpec
 
 
@@ -49,8 +50,8 @@ class AdaptiveRMSNormLayer(nn.Module):
         nn.init.zeros_(self.context.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        xf, inv = inv_rms(x, self.eps)
+        xn = xf * inv
         t = xn.shape[-2]
         counts = torch.arange(1, t + 1, device=xn.device, dtype=xn.dtype).unsqueeze(-1)
         ctx = xn.cumsum(dim=-2) / counts  # (..., T, d): mean over positions <= t

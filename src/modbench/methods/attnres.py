@@ -66,6 +66,7 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, option_choice, register
+from modbench.model.norms import inv_rms
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import (
     Record,
@@ -130,9 +131,8 @@ class DepthAttention(nn.Module):
         v = torch.stack(sources, dim=-2)  # (..., n, d)
         with stream_precision(v):
             q = (self.query * self.key_gain).to(v.dtype)
-            vf = v.to(torch.promote_types(v.dtype, torch.float32))
-            inv_rms = torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + self.eps)
-            logits = (v @ q.unsqueeze(-1)).to(vf.dtype) * inv_rms  # (..., n, 1)
+            vf, inv = inv_rms(v, self.eps)
+            logits = (v @ q.unsqueeze(-1)).to(vf.dtype) * inv  # (..., n, 1)
             a = torch.softmax(logits, dim=-2).to(v.dtype)
             return (a.transpose(-1, -2) @ v).squeeze(-2)
 

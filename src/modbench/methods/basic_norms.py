@@ -31,32 +31,35 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.methods._common import baseline_norm_count
 from modbench.methods.base import Method, register
-from modbench.model.norms import rmsnorm_factory
+from modbench.model.norms import inv_rms, rmsnorm_factory
 from modbench.model.spec import ModelSpec
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm computed in (at least) float32 and cast back, like the baseline RMSNorm."""
+    """LayerNorm computed in (at least) float32 and cast back, like the baseline RMSNorm.
+    ``affine=False`` drops gain and bias (TokenFormer's non-parametric LayerNorm)."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True, affine: bool = True) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        w = None if self.weight is None else self.weight.to(xf.dtype)
         b = None if self.bias is None else self.bias.to(xf.dtype)
-        y = nn.functional.layer_norm(xf, xf.shape[-1:], self.weight.to(xf.dtype), b, self.eps)
-        return y.to(x.dtype)
+        return nn.functional.layer_norm(xf, (self.dim,), w, b, self.eps).to(x.dtype)
 
     def modbench_init(self) -> None:
-        nn.init.ones_(self.weight)
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
+        return (f"{self.dim}, eps={self.eps}, affine={self.weight is not None}, "
+                f"bias={self.bias is not None}")
 
 
 class SingleScaleRMSNorm(nn.Module):
@@ -68,9 +71,8 @@ class SingleScaleRMSNorm(nn.Module):
         self.scale = nn.Parameter(torch.ones(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.scale.to(xf.dtype)).to(x.dtype)
+        xf, inv = inv_rms(x, self.eps)
+        return (xf * inv * self.scale.to(xf.dtype)).to(x.dtype)
 
     def modbench_init(self) -> None:
         nn.init.ones_(self.scale)

@@ -90,6 +90,7 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
+from modbench.model.norms import inv_rms
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import (
     Record,
@@ -143,9 +144,8 @@ class HyperConnection(nn.Module):
         if not self.dynamic:
             return alpha, beta
         # Hbar W computed as (H W) / rms(H): the same numbers, without storing Hbar
-        hf = h.to(torch.promote_types(h.dtype, torch.float32))
-        inv_rms = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)
-        dyn = torch.tanh((h @ self.dynamic_fn.to(h.dtype)).to(hf.dtype) * inv_rms).to(h.dtype)
+        hf, inv = inv_rms(h, self.eps)
+        dyn = torch.tanh((h @ self.dynamic_fn.to(h.dtype)).to(hf.dtype) * inv).to(h.dtype)
         alpha = self.alpha_scale.to(h.dtype) * dyn[..., : self.n + 1] + alpha
         beta = self.beta_scale.to(h.dtype) * dyn[..., self.n + 1] + beta
         return alpha, beta

@@ -153,21 +153,6 @@ class PattentionFFN(nn.Module):
         return self.pattention(x)
 
 
-class NonParamLayerNorm(nn.Module):
-    """LayerNorm without gain or bias (``LayerNorm_NonParam``), in at least float32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.dim, self.eps = dim, eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        return F.layer_norm(xf, (self.dim,), None, None, self.eps).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
-
-
 def wang_std(cfg: ModelConfig) -> float:
     """GPT-NeoX's ``wang_init`` standard deviation: 2 / L / sqrt(d)."""
     return 2.0 / cfg.n_layers / math.sqrt(cfg.d_model)
@@ -229,8 +214,7 @@ class TokenFormer(Method):
                                             r.ffn_norm_slots, key_std, value_std))
 
         def norm(dim: int, eps: float, site: str, layer: int) -> nn.Module:
-            return LayerNorm(dim, eps, bias=True) if site == "final" else NonParamLayerNorm(
-                dim, eps)
+            return LayerNorm(dim, eps, affine=site == "final")
 
         spec.fill("linear", linear, by=self.name)
         spec.fill("ffn", ffn, by=self.name)

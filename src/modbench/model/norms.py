@@ -6,6 +6,13 @@ import torch
 from torch import nn
 
 
+def inv_rms(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` in (at least) float32 and ``1 / sqrt(mean(x^2) + eps)`` over its last dimension:
+    the shared core of every RMS-based norm and of the streams' depth/lane scores."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return xf, torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class RMSNorm(nn.Module):
     """``y = x / sqrt(mean(x^2) + eps) * g`` over the last dimension (Zhang & Sennrich 2019).
 
@@ -18,9 +25,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(xf.dtype)).to(x.dtype)
+        xf, inv = inv_rms(x, self.eps)
+        return (xf * inv * self.weight.to(xf.dtype)).to(x.dtype)
 
     def modbench_init(self) -> None:
         nn.init.ones_(self.weight)
