@@ -14,7 +14,7 @@ from modbench.cli import run_cli
 from modbench.data import builtin_dataset, builtin_tokenizer, open_dataset
 from modbench.data.mix import ProbeMixDataset
 from modbench.data.synthetic import pools, synthetic_row, training_probe_row
-from modbench.eval.probes import cloze_set, score, synthetic_set
+from modbench.eval.probes import cloze_set, in_episode_guess, score, synthetic_set
 from modbench.train.trainer import train
 from tests.helpers import tiny
 
@@ -37,14 +37,17 @@ def episodes(row: list[int]) -> list[list[int]]:
 
 
 def test_mqar_rows_follow_the_definition() -> None:
-    keys, values = (set(map(int, p)) for p in pools(V))
+    keys, values = (set(map(int, p)) for p in pools(V, T))
     assert not keys & values and len(values) == 64
     ps = synthetic_set("mqar", 20, V, T)
     for row, pos, tgt in zip(ps.tokens.tolist(), ps.positions, ps.targets, strict=True):
+        seen: set[int] = set()
         for ep in episodes(row):
             n = len(ep) // 4  # n pairs then n queries of two tokens each
             pairs = dict(zip(ep[0:2 * n:2], ep[1:2 * n:2], strict=True))
             assert len(pairs) == n and set(pairs) <= keys and set(pairs.values()) <= values
+            assert not seen & set(pairs)  # a key belongs to one episode of the row
+            seen |= set(pairs)
             queries = ep[2 * n:]
             assert sorted(queries[0::2]) == sorted(pairs)  # every key queried once
             assert all(pairs[k] == v for k, v in zip(queries[0::2], queries[1::2], strict=True))
@@ -137,3 +140,24 @@ def test_row_is_whole_episodes() -> None:
     rng = np.random.default_rng(0)
     row, pos, tgt = synthetic_row("mqar", V, T, rng)
     assert len(row) == T and len(pos) == len(tgt) > 0
+
+
+@pytest.mark.parametrize(("vocab", "seq_len"), [(4096, 1024), (512, 1024)])
+def test_long_rows_get_enough_distinct_keys(vocab: int, seq_len: int) -> None:
+    """A 1024-token row holds ~31 mqar episodes of 8 pairs: the key pool grows to keep every
+    key in one episode, up to a quarter of the vocabulary (then the row ends early)."""
+    keys, _ = pools(vocab, seq_len)
+    row, pos, _ = synthetic_row("mqar", vocab, seq_len, np.random.default_rng(3))
+    queried = [int(row[p]) for p in pos]
+    assert len(set(queried)) == len(queried) <= len(keys) <= (vocab - 1) // 4
+    assert len(queried) == (248 if vocab == 4096 else 120)
+
+
+def test_in_episode_guess_by_hand() -> None:
+    """1/(distinct values of the query's episode), averaged over the row's queries."""
+    # episode 1: 2 pairs with the same value (guess 1); episode 2: 2 distinct values (1/2)
+    row = np.array([0, 5, 50, 6, 50, 6, 50, 5, 50, 0, 7, 51, 8, 52, 8, 52, 7, 51, 0, 0])
+    positions = [5, 7, 14, 16]
+    assert in_episode_guess(row, positions) == pytest.approx((1 + 1 + 0.5 + 0.5) / 4)
+    ps = synthetic_set("mqar", 30, V, T)
+    assert ps.guess is not None and 1 / 4 <= ps.guess < 1 / 3  # n = 4 pairs at T = 64

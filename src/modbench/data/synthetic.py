@@ -5,7 +5,10 @@ and induction/copy. Used as held-out capability probes (``modbench.eval.probes``
 - **mqar** (Arora et al. 2023, "Zoology"): an episode is ``EOS k1 v1 … kn vn  ka va  kb vb …``:
   n key–value pairs, then queries of those keys in a random order, each followed by its
   value. Scored: the value after each queried key. Keys and values come from two disjoint
-  pools of 64 token ids. Chance is 1/64.
+  pools of token ids (values: 64; keys: 64, or as many as one row needs). A key appears in
+  at most one episode of a row, so every query has one answer even for a model that looks
+  back past the episode's EOS. Chance is 1/64 over the value pool; guessing among the
+  episode's own n values gives about 1/n.
 - **induction** (Olsson et al. 2022): ``EOS x1 … xm x1 … xm`` with random tokens; scored:
   x2 … xm of the repeat.
 
@@ -23,11 +26,18 @@ NAMESPACE = {"train": 1, "eval": 2, "cloze": 3}
 _KIND = {"mqar": 11, "induction": 12}
 
 
-def pools(vocab_size: int, first_id: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint key and value pools of token ids (EOS = 0 is never used)."""
+def pools(vocab_size: int, seq_len: int = 0, first_id: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint key and value pools of token ids (EOS = 0 is never used).
+
+    64 values; 64 keys, or more when a row of ``seq_len`` tokens holds more mqar keys than
+    that (keys are unique within a row), up to a quarter of the vocabulary.
+    """
     ids = np.arange(first_id, vocab_size)
     size = min(64, len(ids) // 4)
-    keys = ids[len(ids) // 4: len(ids) // 4 + size]
+    n = mqar_pairs(seq_len) if seq_len else 0
+    row_keys = n * (seq_len // (1 + 4 * n)) if n else 0
+    n_keys = min(max(size, row_keys), len(ids) // 4)
+    keys = ids[len(ids) // 4: len(ids) // 4 + n_keys]
     values = ids[len(ids) // 2: len(ids) // 2 + size]
     return keys, values
 
@@ -46,11 +56,15 @@ def synthetic_row(kind: str, vocab_size: int, seq_len: int, rng: np.random.Gener
     row: list[int] = []
     positions: list[int] = []
     targets: list[int] = []
-    keys, values = pools(vocab_size)
+    keys, values = pools(vocab_size, seq_len)
+    # mqar: each key in at most one episode of the row
+    unused = list(rng.permutation(keys)) if kind == "mqar" else []
     while True:
         if kind == "mqar":
             n = mqar_pairs(seq_len)
-            k = rng.choice(keys, size=n, replace=False)
+            if len(unused) < n:
+                break
+            k = [unused.pop() for _ in range(n)]
             v = rng.choice(values, size=n, replace=True)
             order = rng.permutation(n)
             episode = [eos_id] + [int(t) for pair in zip(k, v, strict=True) for t in pair]

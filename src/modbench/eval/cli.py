@@ -52,8 +52,10 @@ def eval_command(
     for name, t in r["tasks"].items():
         if "accuracy" in t:
             acc = "n/a" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
+            guess = (f"; guessing among the episode's values {t['guess']:.4f}"
+                     if t.get("guess") is not None else "")
             typer.echo(f"{name + ':':<11} accuracy {acc} over {t['n']} items "
-                       f"(chance {t['chance']:.4f})")
+                       f"(chance {t['chance']:.4f}{guess})")
         else:
             val = "n/a" if t["score"] is None else f"{t['score']:.4f}"
             typer.echo(f"{name + ':':<11} {t['primary']} {val} over {t['n']} items")

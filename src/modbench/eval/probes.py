@@ -3,6 +3,9 @@
 - **mqar** and **induction**: synthetic rows (``modbench.data.synthetic``) from the ``eval``
   RNG stream, which training never draws from. One item per row; its score is the fraction
   of the row's queried positions predicted correctly (chance: 1/64 for mqar, 1/V induction).
+  mqar also reports ``guess``: the accuracy of guessing uniformly among the values present
+  in the query's episode (about 1/n for n pairs), which needs no key matching. Recall is
+  shown by accuracy above ``guess``, not merely above ``chance``.
 - **cloze**: last-word cloze on held-out built-in text (LAMBADA-like): a passage of a
   validation document ending right before a word of 3+ letters; the item is correct (1) when
   greedy prediction reproduces every token of that word, else 0.
@@ -39,6 +42,7 @@ class ProbeSet:
     positions: list[list[int]]
     targets: list[list[int]]
     chance: float
+    guess: float | None = None  # accuracy of a content-free in-episode guess (mqar only)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -52,8 +56,28 @@ def synthetic_set(kind: str, n: int, vocab_size: int, seq_len: int, seed: int = 
         rows.append(r)
         pos.append(p)
         tgt.append(t)
-    chance = 1.0 / len(pools(vocab_size)[1]) if kind == "mqar" else 1.0 / vocab_size
-    return ProbeSet(kind, torch.from_numpy(np.stack(rows)), list(range(n)), pos, tgt, chance)
+    if kind == "mqar":
+        chance = 1.0 / len(pools(vocab_size, seq_len)[1])
+        guess = float(np.mean([in_episode_guess(r, p) for r, p in zip(rows, pos, strict=True)]))
+    else:
+        chance, guess = 1.0 / vocab_size, None
+    return ProbeSet(kind, torch.from_numpy(np.stack(rows)), list(range(n)), pos, tgt, chance,
+                    guess)
+
+
+def in_episode_guess(row: np.ndarray, positions: list[int], eos_id: int = 0) -> float:
+    """Expected score of an mqar row for a guesser that picks uniformly among the distinct
+    values stored in the query's episode (``EOS k1 v1 … kn vn`` + queries) without matching
+    the key: the mean over queries of 1/(distinct values of its episode)."""
+    starts = np.flatnonzero(np.asarray(row) == eos_id)
+    out = []
+    for p in positions:
+        s = int(starts[starts <= p].max())
+        end = starts[starts > s]
+        ep = row[s + 1: int(end[0]) if len(end) else len(row)]
+        n = len(ep) // 4
+        out.append(1.0 / len(set(ep[1:2 * n:2].tolist())))
+    return float(np.mean(out))
 
 
 _WORD = re.compile(r"[A-Za-z]{3,}")
@@ -124,5 +148,6 @@ def score(model: torch.nn.Module, probe: ProbeSet, batch_size: int = 16,
         "accuracy": sum(it["score"] for it in items) / n if n else None,
         "n": n,
         "chance": probe.chance,
+        **({"guess": probe.guess} if probe.guess is not None else {}),
         "items": items,
     }

@@ -4,7 +4,7 @@
 
     {"run": "...", "method": "...", "preset": "...", "seed": 0, "step": 300,
      "validation": {"loss": 5.47, "ppl": 238.0, "sequences": 128},
-     "tasks": {"mqar": {"accuracy": 0.41, "n": 200, "chance": 0.0156,
+     "tasks": {"mqar": {"accuracy": 0.41, "n": 200, "chance": 0.0156, "guess": 0.13,
                         "items": [{"score": 0.5, "hits": 4, "scored": 8}, ...]}, ...}}
 """
 
