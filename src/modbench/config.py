@@ -129,6 +129,10 @@ class TrainConfig:
     seq_len: int = 128
     eval_every: int = 100  # validation every K steps (and always at the end); 0: only at end
     eval_sequences: int = 64  # size of the fixed validation set, in sequences
+    # Held-out items per offline probe (mqar, induction, cloze) scored at every validation
+    # point and logged with it: a capability learning curve. 0: off (`modbench eval` still
+    # scores the finished run).
+    eval_probes: int = 0
     checkpoint_every: int = 0  # 0: no periodic checkpoints (a final one is always written)
     log_every: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -143,6 +147,9 @@ class TrainConfig:
             raise ModbenchError(f"train.steps must be positive, got {self.steps}")
         if self.batch_size <= 0:
             raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
+        if self.eval_probes < 0:
+            raise ModbenchError(f"train.eval_probes must be 0 (off) or a number of items, got "
+                                f"{self.eval_probes}")
         mb = self.micro_batch_size
         if mb is not None and (mb <= 0 or self.batch_size % mb):
             raise ModbenchError(

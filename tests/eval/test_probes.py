@@ -14,9 +14,11 @@ from modbench.cli import run_cli
 from modbench.data import builtin_dataset, builtin_tokenizer, open_dataset
 from modbench.data.mix import ProbeMixDataset
 from modbench.data.synthetic import pools, synthetic_row, training_probe_row
+from modbench.errors import ModbenchError
 from modbench.eval.probes import cloze_set, in_episode_guess, score, synthetic_set
+from modbench.eval.run import evaluate_run
 from modbench.train.trainer import train
-from tests.helpers import tiny
+from tests.helpers import read_metrics, tiny
 
 V, T = 512, 64
 
@@ -161,3 +163,21 @@ def test_in_episode_guess_by_hand() -> None:
     assert in_episode_guess(row, positions) == pytest.approx((1 + 1 + 0.5 + 0.5) / 4)
     ps = synthetic_set("mqar", 30, V, T)
     assert ps.guess is not None and 1 / 4 <= ps.guess < 1 / 3  # n = 4 pairs at T = 64
+
+
+def test_probe_curve_during_training_matches_eval(tmp_path: Path) -> None:
+    """`train.eval_probes=N` scores the N-item probes at every validation point; the last
+    point equals what `modbench eval --probes --limit N` gives for the finished run."""
+    s = train(tiny("baseline", 0, 10, "data.probe_mix=0.25", "train.eval_every=5",
+                   "train.eval_probes=12"), tmp_path / "r", progress=False)
+    vals = [r for r in read_metrics(tmp_path / "r") if r["kind"] == "val"]
+    assert [r["step"] for r in vals] == [0, 5, 10]
+    assert all(set(r["probes"]) == {"mqar", "induction", "cloze"} for r in vals)
+    assert s["final_probes"] == vals[-1]["probes"]
+    ev = evaluate_run(tmp_path / "r", probes=True, limit=12, progress=False)
+    assert {k: t["accuracy"] for k, t in ev["tasks"].items()} == vals[-1]["probes"]
+
+
+def test_eval_probes_must_not_be_negative() -> None:
+    with pytest.raises(ModbenchError, match=r"train\.eval_probes"):
+        tiny("baseline", 0, 10, "train.eval_probes=-1")

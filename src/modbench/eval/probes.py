@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,6 +123,26 @@ def cloze_set(tokenizer: object, documents: Sequence[str], seq_len: int, n: int,
         return ProbeSet("cloze", torch.zeros(0, seq_len, dtype=torch.long), [], [], [], 0.0)
     return ProbeSet("cloze", torch.from_numpy(np.stack(rows)), list(range(len(rows))), pos, tgt,
                     0.0)
+
+
+def held_out_documents(data: Any, limit: int | None = None) -> list[str]:
+    """Held-out text: the validation rows decoded and split at EOS (never trained on)."""
+    tok = data.tokenizer()
+    docs: list[str] = []
+    for batch in data.val_batches(limit, 64):
+        for row in batch.tolist():
+            text = tok.decode(row, skip_special_tokens=False)
+            docs += [d.strip() for d in text.split("<|endoftext|>") if len(d.strip()) > 80]
+    return docs
+
+
+def probe_sets(cfg: Any, data: Any, n: int) -> list[ProbeSet]:
+    v, t = cfg.model.vocab_size, cfg.train.seq_len
+    return [
+        synthetic_set("mqar", n, v, t),
+        synthetic_set("induction", n, v, t),
+        cloze_set(data.tokenizer(), held_out_documents(data), t, n),
+    ]
 
 
 @torch.no_grad()

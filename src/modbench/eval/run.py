@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from modbench.config import resolve
 from modbench.errors import ModbenchError
-from modbench.eval.probes import PROBES, ProbeSet, cloze_set, score, synthetic_set
+from modbench.eval.probes import PROBES, probe_sets, score
 from modbench.fsutil import atomic_write_text
 from modbench.model.build import build_model
 from modbench.train.checkpoint import load_checkpoint
@@ -43,26 +43,6 @@ def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, to
     model.load_state_dict(state["model"])
     model.to(device or "cpu").eval()
     return cfg, model, int(state["step"])
-
-
-def held_out_documents(data: Any, limit: int | None = None) -> list[str]:
-    """Held-out text: the validation rows decoded and split at EOS (never trained on)."""
-    tok = data.tokenizer()
-    docs: list[str] = []
-    for batch in data.val_batches(limit, 64):
-        for row in batch.tolist():
-            text = tok.decode(row, skip_special_tokens=False)
-            docs += [d.strip() for d in text.split("<|endoftext|>") if len(d.strip()) > 80]
-    return docs
-
-
-def probe_sets(cfg: Any, data: Any, n: int) -> list[ProbeSet]:
-    v, t = cfg.model.vocab_size, cfg.train.seq_len
-    return [
-        synthetic_set("mqar", n, v, t),
-        synthetic_set("induction", n, v, t),
-        cloze_set(data.tokenizer(), held_out_documents(data), t, n),
-    ]
 
 
 def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] | None = None,

@@ -242,11 +242,24 @@ class Trainer:
             metrics.write(json.dumps(rec, allow_nan=False) + "\n")
             metrics.flush()
 
+        probe_sets: list[Any] = []
+        if tc.eval_probes:
+            from modbench.eval import probes
+
+            probe_sets = probes.probe_sets(cfg, self.data, tc.eval_probes)
+        last_probes: dict[str, float | None] = {}
+
         def evaluate(step: int) -> float:
             v = validation_loss(self.model, self.data, tc.eval_sequences, eval_bs, self.device,
                                 autocast)
-            log({"kind": "val", "step": step, "val_loss": _finite_or_none(v),
-                 "val_ppl": _finite_or_none(_ppl(v))})
+            rec: dict[str, Any] = {"kind": "val", "step": step, "val_loss": _finite_or_none(v),
+                                   "val_ppl": _finite_or_none(_ppl(v))}
+            if probe_sets and math.isfinite(v):
+                last_probes.update({ps.name: probes.score(self.model, ps, eval_bs,
+                                                          self.device)["accuracy"]
+                                    for ps in probe_sets})
+                rec["probes"] = dict(last_probes)
+            log(rec)
             for cb in self.callbacks:
                 cb.on_eval(self, step, v)
             return v
@@ -341,6 +354,7 @@ class Trainer:
             "initial_val_loss": _finite_or_none(initial_val) if initial_val is not None else None,
             "final_val_loss": _finite_or_none(last_val) if status == "completed" else None,
             "val_ppl": _finite_or_none(_ppl(last_val)) if status == "completed" else None,
+            **({"final_probes": last_probes} if last_probes and status == "completed" else {}),
             "tokens_per_s": (steps_done - start_step) * tokens_per_step / train_time
             if train_time > 0 else None,
             "diverged_at_step": diverged_at,
