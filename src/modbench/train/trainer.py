@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 import modbench
 from modbench.config import ModelConfig, RunConfig, dump_yaml, from_dict
 from modbench.errors import ModbenchError
+from modbench.eval import probes
 from modbench.fsutil import atomic_write_text
 from modbench.methods.base import Method, collect_recipe_exceptions
 from modbench.model.build import Plan, build_model, count_params, plan
@@ -242,11 +243,7 @@ class Trainer:
             metrics.write(json.dumps(rec, allow_nan=False) + "\n")
             metrics.flush()
 
-        probe_sets: list[Any] = []
-        if tc.eval_probes:
-            from modbench.eval import probes
-
-            probe_sets = probes.probe_sets(cfg, self.data, tc.eval_probes)
+        probe_sets = probes.probe_sets(cfg, self.data, tc.eval_probes) if tc.eval_probes else []
         last_probes: dict[str, float | None] = {}
 
         def evaluate(step: int) -> float:
