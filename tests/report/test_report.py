@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from modbench.cli import run_cli
+from modbench.report.collect import curves
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
 
@@ -21,7 +22,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("report")
     spec = {"name": "r", "baseline": "baseline", "methods": ["qknorm", "post_ln", "layerscale"],
             "seeds": {"default": [0], "noise_floor": [0, 1, 2], "anchors": []},
-            "scales": ["tiny"], "overrides": ["train.steps=6", "train.eval_every=0"],
+            "scales": ["tiny"],
+            "overrides": ["train.steps=6", "train.eval_every=3", "train.eval_probes=4"],
             "evaluation": {"probes": True, "limit": 6}}
     (tmp / "spec.yaml").write_text(yaml.safe_dump(spec))
     out = tmp / "study"
@@ -33,7 +35,8 @@ def test_report_files_and_numbers(study: Path, capsys: pytest.CaptureFixture[str
     assert run_cli(["study", "report", str(study)]) == 0
     rep = study / "report"
     for name in ("report.md", "report.html", "results.csv", "results.json", "loss_tiny.png",
-                 "gradnorm_tiny.png", "task_delta_tiny.png"):
+                 "gradnorm_tiny.png", "task_delta_tiny.png", "probe_mqar_tiny.png",
+                 "probe_induction_tiny.png", "probe_cloze_tiny.png"):
         assert (rep / name).is_file(), name
     assert "data:image/png;base64," in (rep / "report.html").read_text()
     rows = list(csv.DictReader((rep / "results.csv").open()))
@@ -52,6 +55,18 @@ def test_report_files_and_numbers(study: Path, capsys: pytest.CaptureFixture[str
     md = (rep / "report.md").read_text()
     assert f"σ = {sigma:.4f}" in md
     assert "| `qknorm` | 1 |" in md and "No run diverged." in md
+
+
+def test_probe_curves_follow_the_validation_records(study: Path) -> None:
+    """Each run's probe curve has one point per validation (steps 0, 3, 6) and ends at the
+    run's final_probes."""
+    for run in sorted((study / "runs").iterdir()):
+        c = curves(study, run.name)
+        final = json.loads((run / "summary.json").read_text())["final_probes"]
+        for name in ("mqar", "induction", "cloze"):
+            assert [s for s, _ in c[f"probe:{name}"]] == [0, 3, 6]
+            assert c[f"probe:{name}"][-1][1] == final[name]
+            assert all(0.0 <= v <= 1.0 for _, v in c[f"probe:{name}"])
 
 
 def test_divergence_table(tmp_path: Path) -> None:

@@ -231,6 +231,14 @@ def _figures(root: Path, rows: list[RunRow], baseline: str, metric: str, out: Pa
                          log_y=True)
         blocks += [Block("img", f"Training loss, {scale}", path=p1),
                    Block("img", f"Gradient norm, {scale}", path=p2)]
+        probe_names = sorted({k.removeprefix("probe:") for c in per_run.values() for k in c
+                              if k.startswith("probe:")})
+        for name in probe_names:  # capability learning curves (train.eval_probes)
+            series = {label: c.get(f"probe:{name}", []) for label, c in per_run.items()}
+            pp = curves_plot(series, f"held-out {name} accuracy during training — {scale}",
+                             "accuracy", out / f"probe_{name}_{scale}.png")
+            blocks.append(Block("img", f"Held-out {name} accuracy at each validation "
+                                       f"(train.eval_probes), {scale}", path=pp))
         downstream = "climb_avg" if any(r.climb_avg is not None for r in here) else "probe_avg"
         pts: dict[str, tuple[float, float]] = {}
         for m in sorted({r.method for r in here}):

@@ -87,15 +87,18 @@ def collect(study: str | Path) -> list[RunRow]:
 
 
 def curves(study: str | Path, key: str) -> dict[str, list[tuple[int, float]]]:
-    """Training loss, grad norm and validation loss against step, from metrics.jsonl."""
+    """Training loss, grad norm and validation loss against step, from metrics.jsonl, and
+    ``probe:NAME`` for each held-out probe scored at validation (``train.eval_probes``)."""
     path = Path(study) / "runs" / key / "metrics.jsonl"
     out: dict[str, list[tuple[int, float]]] = {"loss": [], "grad_norm": [], "val_loss": []}
     if not path.is_file():
         return out
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        for k in out:
-            v = rec.get(k)
+        found = {k: rec.get(k) for k in ("loss", "grad_norm", "val_loss")}
+        if rec.get("kind") == "val" and isinstance(rec.get("probes"), dict):
+            found.update({f"probe:{k}": v for k, v in rec["probes"].items()})
+        for k, v in found.items():
             if isinstance(v, int | float) and math.isfinite(v):
-                out[k].append((int(rec["step"]), float(v)))
+                out.setdefault(k, []).append((int(rec["step"]), float(v)))
     return out
