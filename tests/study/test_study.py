@@ -45,8 +45,23 @@ def test_expand_seeds_and_keys(tmp_path: Path) -> None:
     assert all(r.config.train.steps == 4 and r.config.data.probe_mix == 0.25 for r in runs)
 
 
+def test_data_order_per_seed(tmp_path: Path) -> None:
+    """per_seed: init seed s trains on data seed data_seed + s, the same for every method;
+    fixed (the default): one data order for all runs."""
+    seeds = {"default": [0], "noise_floor": [0, 1, 2], "anchors": ["qknorm"]}
+    per = expand(load_spec(write_spec(tmp_path, seeds=seeds,
+                                      data={"data_seed": 7, "order": "per_seed"})))
+    assert sorted((r.method, r.seed, r.config.data.data_seed) for r in per) == [
+        ("baseline", 0, 7), ("baseline", 1, 8), ("baseline", 2, 9),
+        ("qknorm", 0, 7), ("qknorm", 1, 8), ("qknorm", 2, 9)]
+    fixed = expand(load_spec(write_spec(tmp_path, seeds=seeds, data={"data_seed": 7})))
+    assert {r.config.data.data_seed for r in fixed} == {7}
+    assert {r.key for r in fixed if r.seed == 0} == {r.key for r in per if r.seed == 0}
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"method": ["x"]}, "unknown study key 'method'.*did you mean 'methods'"),
+    ({"data": {"order": "shuffled"}}, "data.order must be one of fixed, per_seed"),
     ({"methods": ["qknrom"]}, "unknown method 'qknrom'"),
     ({"seeds": {"anchors": ["post_ln"]}}, "not in 'methods'"),
     ({"scales": ["tiny-x"]}, "unknown preset"),

@@ -13,8 +13,14 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     scales: [cpu-small]               # presets
     recipe: null                      # null: each preset's own
     overrides: ["train.steps=300"]    # --set items applied to every run
-    data: {source: builtin, data_seed: 1234, probe_mix: 0.0}
+    data: {source: builtin, data_seed: 1234, probe_mix: 0.0, order: fixed}
     evaluation: {probes: true, tasks: [], limit: null, primary: null}
+
+``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
+data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
+methods still meet the same batches seed for seed while the noise floor also spans data
+orders; for capabilities whose emergence depends on the order, such as associative recall on
+CPU, docs/eval.md).
 
 Expanding a spec gives one run per (scale, method, seed). Each run is keyed by a hash of its
 fully resolved config, so re-running a study skips what is done and a changed spec reruns
@@ -50,6 +56,7 @@ class DataSpec:
     source: str = "builtin"
     data_seed: int = 1234
     probe_mix: float = 0.0
+    order: str = "fixed"  # fixed | per_seed (data_seed + init seed)
 
 
 @dataclass
@@ -94,6 +101,7 @@ class RunSpec:
 
 
 SPEC_DIR = "specs"
+DATA_ORDERS = ("fixed", "per_seed")
 
 
 def builtin_specs() -> dict[str, Path]:
@@ -159,6 +167,9 @@ def expand(spec: StudySpec) -> list[RunSpec]:
     unknown = anchors - set(methods)
     if unknown:
         raise ModbenchError(f"seeds.anchors names {sorted(unknown)} which are not in 'methods'")
+    if spec.data.order not in DATA_ORDERS:
+        raise ModbenchError(f"data.order must be one of {', '.join(DATA_ORDERS)}, got "
+                            f"{spec.data.order!r}")
     runs: list[RunSpec] = []
     seen: set[str] = set()
     for scale in spec.scales:
@@ -176,7 +187,8 @@ def expand(spec: StudySpec) -> list[RunSpec]:
 
 def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
     """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings."""
-    overrides = [f"data.source={spec.data.source}", f"data.data_seed={spec.data.data_seed}",
+    data_seed = spec.data.data_seed + (seed if spec.data.order == "per_seed" else 0)
+    overrides = [f"data.source={spec.data.source}", f"data.data_seed={data_seed}",
                  f"data.probe_mix={spec.data.probe_mix}", *spec.overrides]
     cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
     plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
