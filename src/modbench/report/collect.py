@@ -86,16 +86,19 @@ def collect(study: str | Path) -> list[RunRow]:
     return rows
 
 
+_SERIES = ("loss", "grad_norm", "val_loss")  # per-step fields of metrics.jsonl records
+
+
 def curves(study: str | Path, key: str) -> dict[str, list[tuple[int, float]]]:
     """Training loss, grad norm and validation loss against step, from metrics.jsonl, and
     ``probe:NAME`` for each held-out probe scored at validation (``train.eval_probes``)."""
     path = Path(study) / "runs" / key / "metrics.jsonl"
-    out: dict[str, list[tuple[int, float]]] = {"loss": [], "grad_norm": [], "val_loss": []}
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in _SERIES}
     if not path.is_file():
         return out
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        found = {k: rec.get(k) for k in ("loss", "grad_norm", "val_loss")}
+        found = {k: rec.get(k) for k in _SERIES}
         if rec.get("kind") == "val" and isinstance(rec.get("probes"), dict):
             found.update({f"probe:{k}": v for k, v in rec["probes"].items()})
         for k, v in found.items():
