@@ -165,6 +165,7 @@ class DataConfig:
     data_seed: int = 1234  # fixes the batch order, independent of the init seed
     verify: bool = True  # check shard checksums when opening
     probe_mix: float = 0.0  # fraction of each training batch replaced by mqar/induction rows
+    probe_loss: str = "all"  # all | answers: which predictions of a probe row enter the loss
 
 
 @dataclass
@@ -181,6 +182,9 @@ class RunConfig:
         self.model.validate()
         self.recipe.validate()
         self.train.validate()
+        if self.data.probe_loss not in ("all", "answers"):
+            raise ModbenchError(f"data.probe_loss must be all or answers, got "
+                                f"{self.data.probe_loss!r}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ModbenchError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len="

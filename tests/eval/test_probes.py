@@ -13,11 +13,13 @@ import torch
 from modbench.cli import run_cli
 from modbench.data import builtin_dataset, builtin_tokenizer, open_dataset
 from modbench.data.mix import ProbeMixDataset
-from modbench.data.synthetic import pools, synthetic_row, training_probe_row
+from modbench.data.synthetic import SYNTHETIC, pools, synthetic_row, training_probe_row
 from modbench.errors import ModbenchError
 from modbench.eval.probes import cloze_set, in_episode_guess, score, synthetic_set
 from modbench.eval.run import evaluate_run
-from modbench.train.trainer import train
+from modbench.model.build import build_model
+from modbench.model.transformer import lm_loss
+from modbench.train.trainer import open_data, train
 from tests.helpers import read_metrics, tiny
 
 V, T = 512, 64
@@ -117,6 +119,75 @@ def test_probe_mix_replaces_a_fixed_share_of_rows() -> None:
         assert torch.equal(mix, mixed.train_batch(step, 8, 1234))
     assert [torch.equal(a, b) for a, b in zip(ds.val_batches(8, 8), mixed.val_batches(8, 8),
                                               strict=True)] == [True]
+
+
+def answer_mask_by_structure(row: list[int], kind: str) -> list[bool]:
+    """Reference for ``probe_loss=answers``: which next-token predictions of a probe row are
+    answers, from the episode layout alone. mqar ``EOS k1 v1 .. kn vn`` + n queries: the value
+    after each queried key; induction ``EOS x1..xm x1..xm``: x2..xm of the repeat."""
+    mask = [False] * (len(row) - 1)
+    start = 0
+    for ep in episodes(row):
+        if kind == "mqar":
+            n = len(ep) // 4
+            for j in range(n):
+                mask[start + 1 + 2 * n + 2 * j] = True
+        else:
+            m = len(ep) // 2
+            for j in range(1, m):
+                mask[start + m + j] = True
+        start += len(ep) + 1
+    return mask
+
+
+def test_probe_loss_answers_masks_everything_but_the_answers() -> None:
+    ds = open_dataset(builtin_dataset(V, T, progress=False))
+    mixed = ProbeMixDataset(ds, 0.5, "answers")
+    kinds = set()
+    for step in (0, 3, 41):
+        batch, mask = mixed.train_batch_and_mask(step, 8, 1234)
+        assert mask is not None and mask.shape == (8, T - 1) and mask.dtype == torch.bool
+        assert torch.equal(batch, ProbeMixDataset(ds, 0.5).train_batch(step, 8, 1234))
+        probe = set(mixed.probe_rows(step, 8, 1234).tolist())
+        for r in range(8):
+            if r in probe:
+                kind = SYNTHETIC[(step + r) % 2]  # kinds alternate by row
+                kinds.add(kind)
+                assert mask[r].tolist() == answer_mask_by_structure(batch[r].tolist(), kind)
+            else:
+                assert bool(mask[r].all())  # text rows count in full
+    assert kinds == set(SYNTHETIC)  # both kinds were checked
+    assert ProbeMixDataset(ds, 0.5).train_batch_and_mask(0, 8, 1234)[1] is None
+    with pytest.raises(ModbenchError, match="probe_loss"):
+        ProbeMixDataset(ds, 0.5, "keys")
+
+
+def test_masked_lm_loss_is_the_mean_over_the_kept_predictions() -> None:
+    torch.manual_seed(0)
+    logits, idx = torch.randn(4, 6, 11), torch.randint(0, 11, (4, 6))
+    mask = torch.rand(4, 5) < 0.4
+    mask[0, 0] = True
+    nll = -torch.log_softmax(logits, -1)[:, :-1].gather(-1, idx[:, 1:, None])[..., 0]
+    torch.testing.assert_close(lm_loss(logits, idx, mask), nll[mask].mean())
+    # two micro-batches sharing the batch's denominator add up to the whole batch's loss
+    count = int(mask.sum())
+    halves = sum(lm_loss(logits[i:i + 2], idx[i:i + 2], mask[i:i + 2], count) for i in (0, 2))
+    torch.testing.assert_close(halves, nll[mask].mean())
+
+
+def test_training_with_answer_loss_logs_that_loss(tmp_path: Path) -> None:
+    over = ("data.probe_mix=0.5", "data.probe_loss=answers", "train.micro_batch_size=4")
+    cfg = tiny("baseline", 0, 3, *over)
+    train(cfg, tmp_path / "r", progress=False)
+    # the first logged loss is the answer-masked loss of batch 0 under the initial weights
+    model = build_model(cfg.model, seed=cfg.seed)
+    batch, mask = open_data(cfg, progress=False).train_batch_and_mask(0, 8, cfg.data.data_seed)
+    with torch.no_grad():
+        expect = float(lm_loss(model(batch), batch, mask))
+    first = next(r for r in read_metrics(tmp_path / "r") if r["kind"] == "train")
+    assert first["loss"] == pytest.approx(expect, rel=1e-4)
+    with pytest.raises(ModbenchError, match="probe_loss"):
+        tiny("baseline", 0, 3, "data.probe_loss=some").validate()
 
 
 def test_eval_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

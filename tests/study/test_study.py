@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -59,9 +60,26 @@ def test_data_order_per_seed(tmp_path: Path) -> None:
     assert {r.key for r in fixed if r.seed == 0} == {r.key for r in per if r.seed == 0}
 
 
+def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
+    """data.probe_loss passes to every run; at its default ``all`` the run key is the hash the
+    config had before the key existed, so finished runs of older stores are not retrained."""
+    plain = expand(load_spec(write_spec(tmp_path, data={"probe_mix": 0.5})))
+    masked = expand(load_spec(write_spec(tmp_path, data={"probe_mix": 0.5,
+                                                         "probe_loss": "answers"})))
+    assert {r.config.data.probe_loss for r in plain} == {"all"}
+    assert {r.config.data.probe_loss for r in masked} == {"answers"}
+    assert not {r.key for r in plain} & {r.key for r in masked}
+    for r in plain:
+        before = r.config.to_dict()
+        del before["data"]["probe_loss"]
+        blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
+        assert r.key == hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"method": ["x"]}, "unknown study key 'method'.*did you mean 'methods'"),
     ({"data": {"order": "shuffled"}}, "data.order must be one of fixed, per_seed"),
+    ({"data": {"probe_loss": "keys"}}, "data.probe_loss must be all or answers"),
     ({"methods": ["qknrom"]}, "unknown method 'qknrom'"),
     ({"seeds": {"anchors": ["post_ln"]}}, "not in 'methods'"),
     ({"scales": ["tiny-x"]}, "unknown preset"),

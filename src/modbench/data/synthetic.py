@@ -98,8 +98,15 @@ def probe_rng(namespace: str, kind: str, seed: int, index: int) -> np.random.Gen
 def training_probe_row(data_seed: int, step: int, row: int, vocab_size: int,
                        seq_len: int) -> np.ndarray:
     """The probe row mixed into training batch ``step`` at ``row`` (kinds alternate)."""
+    return training_probe_episode(data_seed, step, row, vocab_size, seq_len)[0]
+
+
+def training_probe_episode(data_seed: int, step: int, row: int, vocab_size: int,
+                           seq_len: int) -> tuple[np.ndarray, list[int]]:
+    """:func:`training_probe_row` plus its scored positions (the positions whose next token
+    is an answer: an mqar value after its queried key, or a copied token of the repeat)."""
     kind = SYNTHETIC[(step + row) % len(SYNTHETIC)]
     index = step * 1_000_003 + row
-    tokens, _, _ = synthetic_row(kind, vocab_size, seq_len,
-                                 probe_rng("train", kind, data_seed, index))
-    return tokens
+    tokens, positions, _ = synthetic_row(kind, vocab_size, seq_len,
+                                         probe_rng("train", kind, data_seed, index))
+    return tokens, positions

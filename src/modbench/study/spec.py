@@ -13,14 +13,15 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     scales: [cpu-small]               # presets
     recipe: null                      # null: each preset's own
     overrides: ["train.steps=300"]    # --set items applied to every run
-    data: {source: builtin, data_seed: 1234, probe_mix: 0.0, order: fixed}
+    data: {source: builtin, data_seed: 1234, probe_mix: 0.0, probe_loss: all, order: fixed}
     evaluation: {probes: true, tasks: [], limit: null, primary: null}
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
 methods still meet the same batches seed for seed while the noise floor also spans data
 orders; for capabilities whose emergence depends on the order, such as associative recall on
-CPU, docs/eval.md).
+CPU, docs/eval.md). ``data.probe_mix`` and ``data.probe_loss`` are the run keys of the same
+names (``modbench.data.mix``).
 
 Expanding a spec gives one run per (scale, method, seed). Each run is keyed by a hash of its
 fully resolved config, so re-running a study skips what is done and a changed spec reruns
@@ -56,6 +57,7 @@ class DataSpec:
     source: str = "builtin"
     data_seed: int = 1234
     probe_mix: float = 0.0
+    probe_loss: str = "all"  # all | answers (see modbench.data.mix)
     order: str = "fixed"  # fixed | per_seed (data_seed + init seed)
 
 
@@ -152,9 +154,21 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+_NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {("data", "probe_loss"): "all"}
+
+
 def config_key(cfg: RunConfig) -> str:
-    """Stable hash of a fully resolved run config (the study's skip key)."""
-    blob = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    """Stable hash of a fully resolved run config (the study's skip key).
+
+    Keys added to the config later are left out of the hash while they hold their default
+    (``_NEW_KEY_DEFAULTS``), so runs a study store finished before they existed keep their
+    key and are not trained again.
+    """
+    d = cfg.to_dict()
+    for (section, key), default in _NEW_KEY_DEFAULTS.items():
+        if d[section].get(key) == default:
+            del d[section][key]
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -189,7 +203,8 @@ def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
     """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings."""
     data_seed = spec.data.data_seed + (seed if spec.data.order == "per_seed" else 0)
     overrides = [f"data.source={spec.data.source}", f"data.data_seed={data_seed}",
-                 f"data.probe_mix={spec.data.probe_mix}", *spec.overrides]
+                 f"data.probe_mix={spec.data.probe_mix}",
+                 f"data.probe_loss={spec.data.probe_loss}", *spec.overrides]
     cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
     plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
     return RunSpec(config_key(cfg), scale, method, seed, cfg)

@@ -88,7 +88,7 @@ def open_data(cfg: RunConfig, progress: bool = True) -> Any:
     if cfg.data.probe_mix:
         from modbench.data.mix import ProbeMixDataset
 
-        return ProbeMixDataset(ds, cfg.data.probe_mix)
+        return ProbeMixDataset(ds, cfg.data.probe_mix, cfg.data.probe_loss)
     return ds
 
 
@@ -282,16 +282,30 @@ class Trainer:
                 lr = lr_at(step, cfg.recipe, tc.steps)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                batch = self.data.train_batch(step, tc.batch_size, cfg.data.data_seed)
+                mask = None
+                if hasattr(self.data, "train_batch_and_mask"):
+                    batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
+                                                                 cfg.data.data_seed)
+                else:
+                    batch = self.data.train_batch(step, tc.batch_size, cfg.data.data_seed)
                 for cb in self.callbacks:
                     cb.on_batch(self, step, batch)
                 batch = batch.to(self.device)
                 loss_sum = 0.0
-                for micro in batch.chunk(n_micro):
-                    with autocast():
-                        loss = lm_loss(model(micro), micro) / n_micro
-                    loss.backward()
-                    loss_sum += loss.item()
+                if mask is None:
+                    for micro in batch.chunk(n_micro):
+                        with autocast():
+                            loss = lm_loss(model(micro), micro) / n_micro
+                        loss.backward()
+                        loss_sum += loss.item()
+                else:  # data.probe_loss=answers: one denominator for the whole batch
+                    mask = mask.to(self.device)
+                    count = int(mask.sum())
+                    for micro, m in zip(batch.chunk(n_micro), mask.chunk(n_micro), strict=True):
+                        with autocast():
+                            loss = lm_loss(model(micro), micro, m, count)
+                        loss.backward()
+                        loss_sum += loss.item()
                 clip = cfg.recipe.grad_clip if cfg.recipe.grad_clip > 0 else float("inf")
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
                 grad_norms.append((step + 1, _finite_or_none(grad_norm)))
