@@ -15,7 +15,15 @@ from modbench.data import builtin_dataset, builtin_tokenizer, open_dataset
 from modbench.data.mix import ProbeMixDataset
 from modbench.data.synthetic import SYNTHETIC, pools, synthetic_row, training_probe_row
 from modbench.errors import ModbenchError
-from modbench.eval.probes import cloze_set, in_episode_guess, score, synthetic_set
+from modbench.eval.probes import (
+    CLOZE_ROWS,
+    cloze_set,
+    held_out_documents,
+    in_episode_guess,
+    probe_sets,
+    score,
+    synthetic_set,
+)
 from modbench.eval.run import evaluate_run
 from modbench.model.build import build_model
 from modbench.model.transformer import lm_loss
@@ -107,6 +115,28 @@ def test_cloze_items_are_the_next_word_of_held_out_text() -> None:
         assert word.startswith(" ") and word.strip().isalpha() and len(word.strip()) >= 3
         context = tok.decode(row[: pos[0] + 1])
         assert any(context + word in d or (context.strip() + word) in d for d in docs)
+
+
+def test_cloze_reads_a_bounded_prefix_of_the_validation_split() -> None:
+    ds = open_dataset(builtin_dataset(V, T, progress=False))
+    asked: list[int | None] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(ds, name)
+
+        def val_batches(self, limit: int | None, batch_size: int) -> object:
+            asked.append(limit)
+            return ds.val_batches(limit, batch_size)
+
+    cfg = tiny()
+    sets = {ps.name: ps for ps in probe_sets(cfg, Spy(), 10)}
+    assert asked == [CLOZE_ROWS]
+    probe_sets(cfg, Spy(), 1000)
+    assert asked[-1] == 8000
+    # the built-in validation split is smaller than the bound: the same items as reading all
+    full = cloze_set(ds.tokenizer(), held_out_documents(ds), T, 10)
+    assert torch.equal(sets["cloze"].tokens, full.tokens) and len(full) == 10
 
 
 def test_probe_mix_replaces_a_fixed_share_of_rows() -> None:

@@ -125,8 +125,12 @@ def cloze_set(tokenizer: object, documents: Sequence[str], seq_len: int, n: int,
                     0.0)
 
 
+CLOZE_ROWS = 4096  # validation rows decoded for cloze documents (at least; see probe_sets)
+
+
 def held_out_documents(data: Any, limit: int | None = None) -> list[str]:
-    """Held-out text: the validation rows decoded and split at EOS (never trained on)."""
+    """Held-out text: the first ``limit`` validation rows (all when ``None``) decoded and split
+    at EOS (never trained on)."""
     tok = data.tokenizer()
     docs: list[str] = []
     for batch in data.val_batches(limit, 64):
@@ -137,11 +141,14 @@ def held_out_documents(data: Any, limit: int | None = None) -> list[str]:
 
 
 def probe_sets(cfg: Any, data: Any, n: int) -> list[ProbeSet]:
+    """The n-item mqar, induction and cloze sets. Cloze documents come from at most the first
+    ``max(CLOZE_ROWS, 8 n)`` validation rows, so start-up stays bounded on a large prepared
+    validation split (the built-in corpus has fewer rows than that: all of them are used)."""
     v, t = cfg.model.vocab_size, cfg.train.seq_len
     return [
         synthetic_set("mqar", n, v, t),
         synthetic_set("induction", n, v, t),
-        cloze_set(data.tokenizer(), held_out_documents(data), t, n),
+        cloze_set(data.tokenizer(), held_out_documents(data, max(CLOZE_ROWS, 8 * n)), t, n),
     ]
 
 
