@@ -53,6 +53,18 @@ def test_bad_input_one_line_and_no_folder(argv: list[str], needles: list[str], t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv,needles", [
+    (["frobnicate"], ["No such command 'frobnicate'", "modbench --help"]),
+    (["train", "--bogus"], ["No such option: --bogus", "modbench train --help"]),
+    (["study", "show", "x"], ["No such command 'show'", "modbench study --help"]),
+    (["train", "--steps", "many"], ["Invalid value for '--steps'", "modbench train --help"]),
+])
+def test_usage_errors_are_one_line(argv: list[str], needles: list[str],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, *argv)
+    assert_one_line_error(code, err, *needles)
+
+
 def test_conflicting_methods_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from modbench.methods import REGISTRY, register
     from tests.methods.test_registry import _placement_method

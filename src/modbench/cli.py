@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 
 from modbench.errors import ModbenchError
@@ -213,23 +212,48 @@ def flops(
 
 def run_cli(argv: list[str]) -> int:
     """Run the CLI on ``argv``; user errors become one line on stderr and exit code 2."""
+    exit_types, usage_types, abort_types = _click_exceptions()
     try:
         app(args=argv, prog_name="modbench", standalone_mode=False)
     except ModbenchError as e:
         typer.echo(f"error: {e}", err=True)
         return 2
-    except click.exceptions.Exit as e:
-        return int(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        return int(e.exit_code)
-    except click.exceptions.Abort:
+    except exit_types as e:
+        return int(e.exit_code)  # type: ignore[attr-defined]
+    except usage_types as e:  # unknown command or option, missing argument, bad value
+        ctx = getattr(e, "ctx", None)
+        hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+        msg = str(e.format_message()).rstrip(".")  # type: ignore[attr-defined]
+        typer.echo(f"error: {msg}{hint}", err=True)
+        return int(getattr(e, "exit_code", 2))
+    except abort_types:
         typer.echo("aborted", err=True)
         return 130
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         return 130
     return 0
+
+
+def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:
+    """Exit, usage-error and abort exception types of the click that typer runs on: older typer
+    uses the ``click`` package (not a dependency of ours), newer typer its own copy."""
+    exits: list[type[BaseException]] = [typer.Exit]
+    usage: list[type[BaseException]] = []
+    aborts: list[type[BaseException]] = [typer.Abort]
+    try:
+        from typer._click import exceptions as vendored  # typer >= 0.2x
+        usage.append(vendored.ClickException)
+    except ImportError:
+        pass
+    try:
+        import click
+        exits.append(click.exceptions.Exit)
+        usage.append(click.ClickException)
+        aborts.append(click.exceptions.Abort)
+    except ImportError:
+        pass
+    return tuple(exits), tuple(usage), tuple(aborts)
 
 
 def main() -> None:
