@@ -157,6 +157,9 @@ class TrainConfig:
             )
 
 
+PROBE_LOSSES = ("all", "answers")  # data.probe_loss (modbench.data.mix)
+
+
 @dataclass
 class DataConfig:
     """Where tokens come from. ``builtin`` needs no network; otherwise a prepared directory."""
@@ -182,8 +185,8 @@ class RunConfig:
         self.model.validate()
         self.recipe.validate()
         self.train.validate()
-        if self.data.probe_loss not in ("all", "answers"):
-            raise ModbenchError(f"data.probe_loss must be all or answers, got "
+        if self.data.probe_loss not in PROBE_LOSSES:
+            raise ModbenchError(f"data.probe_loss must be {' or '.join(PROBE_LOSSES)}, got "
                                 f"{self.data.probe_loss!r}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ModbenchError(

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from modbench.config import PROBE_LOSSES
 from modbench.data.synthetic import training_probe_episode
 from modbench.errors import ModbenchError
-
-PROBE_LOSS = ("all", "answers")
 
 
 class ProbeMixDataset:
@@ -32,9 +31,9 @@ class ProbeMixDataset:
     def __init__(self, base: Any, fraction: float, loss: str = "all") -> None:
         if not 0.0 <= fraction < 1.0:
             raise ModbenchError(f"data.probe_mix must be in [0, 1), got {fraction}")
-        if loss not in PROBE_LOSS:
-            raise ModbenchError(f"data.probe_loss must be one of {', '.join(PROBE_LOSS)}, "
-                                f"got {loss!r}")
+        if loss not in PROBE_LOSSES:
+            raise ModbenchError(f"data.probe_loss must be {' or '.join(PROBE_LOSSES)}, got "
+                                f"{loss!r}")
         self.base = base
         self.fraction = fraction
         self.loss = loss

@@ -299,8 +299,8 @@ class Trainer:
                         loss.backward()
                         loss_sum += loss.item()
                 else:  # data.probe_loss=answers: one denominator for the whole batch
-                    mask = mask.to(self.device)
                     count = int(mask.sum())
+                    mask = mask.to(self.device)
                     for micro, m in zip(batch.chunk(n_micro), mask.chunk(n_micro), strict=True):
                         with autocast():
                             loss = lm_loss(model(micro), micro, m, count)
