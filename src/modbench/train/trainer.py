@@ -290,22 +290,19 @@ class Trainer:
                     batch = self.data.train_batch(step, tc.batch_size, cfg.data.data_seed)
                 for cb in self.callbacks:
                     cb.on_batch(self, step, batch)
-                batch = batch.to(self.device)
+                micros = batch.to(self.device).chunk(n_micro)
+                # data.probe_loss=answers: a mask, and one denominator for the whole batch
+                count = int(mask.sum()) if mask is not None else 0
+                masks = (mask.to(self.device).chunk(n_micro) if mask is not None
+                         else (None,) * len(micros))
                 loss_sum = 0.0
-                if mask is None:
-                    for micro in batch.chunk(n_micro):
-                        with autocast():
-                            loss = lm_loss(model(micro), micro) / n_micro
-                        loss.backward()
-                        loss_sum += loss.item()
-                else:  # data.probe_loss=answers: one denominator for the whole batch
-                    count = int(mask.sum())
-                    mask = mask.to(self.device)
-                    for micro, m in zip(batch.chunk(n_micro), mask.chunk(n_micro), strict=True):
-                        with autocast():
-                            loss = lm_loss(model(micro), micro, m, count)
-                        loss.backward()
-                        loss_sum += loss.item()
+                for micro, m in zip(micros, masks, strict=True):
+                    with autocast():
+                        logits = model(micro)
+                        loss = (lm_loss(logits, micro) / n_micro if m is None
+                                else lm_loss(logits, micro, m, count))
+                    loss.backward()
+                    loss_sum += loss.item()
                 clip = cfg.recipe.grad_clip if cfg.recipe.grad_clip > 0 else float("inf")
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
                 grad_norms.append((step + 1, _finite_or_none(grad_norm)))
