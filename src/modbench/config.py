@@ -160,6 +160,11 @@ class TrainConfig:
 PROBE_LOSSES = ("all", "answers")  # data.probe_loss (modbench.data.mix)
 
 
+def check_probe_loss(value: str) -> None:
+    if value not in PROBE_LOSSES:
+        raise ModbenchError(f"data.probe_loss must be {' or '.join(PROBE_LOSSES)}, got {value!r}")
+
+
 @dataclass
 class DataConfig:
     """Where tokens come from. ``builtin`` needs no network; otherwise a prepared directory."""
@@ -185,9 +190,7 @@ class RunConfig:
         self.model.validate()
         self.recipe.validate()
         self.train.validate()
-        if self.data.probe_loss not in PROBE_LOSSES:
-            raise ModbenchError(f"data.probe_loss must be {' or '.join(PROBE_LOSSES)}, got "
-                                f"{self.data.probe_loss!r}")
+        check_probe_loss(self.data.probe_loss)
         if self.train.seq_len > self.model.max_seq_len:
             raise ModbenchError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len="

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from modbench.config import PROBE_LOSSES
+from modbench.config import check_probe_loss
 from modbench.data.synthetic import training_probe_episode
 from modbench.errors import ModbenchError
 
@@ -31,9 +31,7 @@ class ProbeMixDataset:
     def __init__(self, base: Any, fraction: float, loss: str = "all") -> None:
         if not 0.0 <= fraction < 1.0:
             raise ModbenchError(f"data.probe_mix must be in [0, 1), got {fraction}")
-        if loss not in PROBE_LOSSES:
-            raise ModbenchError(f"data.probe_loss must be {' or '.join(PROBE_LOSSES)}, got "
-                                f"{loss!r}")
+        check_probe_loss(loss)
         self.base = base
         self.fraction = fraction
         self.loss = loss
