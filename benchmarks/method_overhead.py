@@ -42,11 +42,11 @@ from modbench.analysis.flops import flop_report
 from modbench.config import resolve
 from modbench.methods import load_all
 from modbench.methods.base import _split_top
+from modbench.methods.build import build_model
 from modbench.methods.selective import SelectiveKernel
 from modbench.methods.softcap import HardCapKernel
 from modbench.model.attention import ExplicitKernel
-from modbench.model.build import build_model
-from modbench.model.transformer import lm_loss
+from modbench.runtime.loss import lm_loss
 
 COMBOS = ["selective+qknorm", "gated_attn+qknorm", "qknorm+geglu"]
 

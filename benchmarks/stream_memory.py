@@ -29,7 +29,7 @@ import torch
 
 from modbench.analysis.memory import saved_activation_bytes
 from modbench.config import resolve
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 
 METHODS = [
     "baseline",

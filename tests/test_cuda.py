@@ -12,8 +12,8 @@ import torch
 
 from modbench.eval.run import evaluate_run
 from modbench.methods import load_all
-from modbench.model.build import build_model
-from modbench.model.transformer import lm_loss
+from modbench.methods.build import build_model
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import train
 from tests.helpers import read_metrics, tiny
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from modbench.config import PRESETS, ModelConfig
-from modbench.model.build import count_params
+from modbench.methods.build import count_params
 
 
 def analytic_params(c: ModelConfig) -> int:

@@ -135,7 +135,7 @@ def presets(
     import dataclasses
 
     from modbench.config import PRESETS
-    from modbench.model.build import count_params
+    from modbench.methods.build import count_params
 
     rows = []
     for p in PRESETS.values():

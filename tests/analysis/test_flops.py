@@ -12,7 +12,7 @@ from modbench.analysis.flops import baseline_params
 from modbench.cli import run_cli
 from modbench.config import PRESETS
 from modbench.methods import load_all
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 from tests.helpers import tiny
 
 METHODS = ["baseline", *sorted(load_all()), "selective+qknorm", "gated_attn+qknorm",

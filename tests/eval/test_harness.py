@@ -18,8 +18,8 @@ from modbench.eval.export import export_hf
 from modbench.eval.harness import SUITES, make_adapter, run_tasks
 from modbench.eval.run import load_run
 from modbench.methods import load_all
-from modbench.model.build import build_model
-from modbench.train.checkpoint import save_checkpoint
+from modbench.methods.build import build_model
+from modbench.runtime.checkpoint import save_checkpoint
 from modbench.train.trainer import open_data, train
 from tests.helpers import tiny
 

@@ -25,8 +25,8 @@ from modbench.eval.probes import (
     synthetic_set,
 )
 from modbench.eval.run import evaluate_run
-from modbench.model.build import build_model
-from modbench.model.transformer import lm_loss
+from modbench.methods.build import build_model
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import open_data, train
 from tests.helpers import read_metrics, tiny
 

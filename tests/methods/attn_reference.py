@@ -130,7 +130,7 @@ IDX = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(7))
 
 def built(method: str, seed: int = 1, scale: float = 1.0, **kw: Any) -> tuple[Any, Any]:
     """(float64 model with randomised 1-D/0-D parameters, its config)."""
-    from modbench.model.build import build_model
+    from modbench.methods.build import build_model
 
     cfg = small_cfg(method, **kw)
     model = build_model(cfg, seed=seed).double()

@@ -9,7 +9,7 @@ import torch
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 
 ROLES = {"q": "attn.core.q_proj", "k": "attn.core.k_proj", "v": "attn.core.v_proj",
          "o": "attn.core.o_proj", "gate": "ffn.core.gate_proj", "up": "ffn.core.up_proj",
@@ -90,7 +90,7 @@ def test_parameter_overhead_by_hidden(hidden: int) -> None:
 
 def test_post_ln_comt_trains_a_step() -> None:
     model = build_model(cfg_for("post_ln+comt"), seed=0)
-    from modbench.model.transformer import lm_loss
+    from modbench.runtime.loss import lm_loss
 
     lm_loss(model(IDX), IDX).backward()
     lin = model.blocks[0].attn.core.q_proj

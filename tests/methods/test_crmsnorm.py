@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from modbench.config import ModelConfig
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 from tests.reference import randomize_gains
 
 

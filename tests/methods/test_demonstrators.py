@@ -8,8 +8,8 @@ import torch
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods.build import build_model
 from modbench.methods.layerscale import cait_init
-from modbench.model.build import build_model
 from tests.reference import decoder_logits, randomize_gains
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from modbench.errors import ModbenchError
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 from tests.methods.attn_reference import (
     IDX,
     assert_matches,

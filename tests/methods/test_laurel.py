@@ -13,10 +13,10 @@ import torch
 from modbench.analysis import flop_report, measure_flops
 from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
+from modbench.methods.build import build_model, count_params
 from modbench.methods.laurel import LaurelMerge
-from modbench.model.build import build_model, count_params
 from modbench.model.stream import StreamState
-from modbench.model.transformer import lm_loss
+from modbench.runtime.loss import lm_loss
 from tests.helpers import run_capturing, tiny
 from tests.methods.attn_reference import IDX, small_cfg
 

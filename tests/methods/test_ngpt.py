@@ -14,8 +14,8 @@ import yaml
 
 from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
-from modbench.model.build import build_model, count_params
-from modbench.model.transformer import lm_loss
+from modbench.methods.build import build_model, count_params
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import Trainer
 from tests.helpers import read_metrics, run_capturing, tiny
 from tests.methods.attn_reference import IDX, built

@@ -12,7 +12,7 @@ import torch
 
 from modbench.config import ModelConfig
 from modbench.methods import load_all, parse_methods
-from modbench.model.build import build_model, plan
+from modbench.methods.build import build_model, plan
 from modbench.model.transformer import Builder
 from tests.methods.norm_reference import reference_logits
 from tests.reference import randomize_gains, rms

@@ -12,7 +12,7 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 from tests.methods.norm_reference import Sites, reference_logits
 from tests.reference import randomize_gains
 

@@ -14,9 +14,9 @@ import torch
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods import REGISTRY, Method, load_all, parse_methods, register
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 from modbench.model.spec import ModelSpec
-from modbench.model.transformer import lm_loss
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import train
 from tests.helpers import read_metrics, tiny
 

@@ -7,7 +7,7 @@ import torch
 
 from modbench.config import PRESETS
 from modbench.methods import parse_methods
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 from tests.methods.attn_reference import IDX, assert_matches, built, decoder, small_cfg
 
 

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods.build import build_model
 from modbench.methods.se_token_mix import CausalSE, CausalTokenMix
-from modbench.model.build import build_model
-from modbench.model.transformer import Transformer, lm_loss
+from modbench.model.transformer import Transformer
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import train
 from tests.helpers import tiny, train_losses
 from tests.reference import attention, rms, swiglu

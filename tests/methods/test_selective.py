@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 from tests.methods.attn_reference import (
     IDX,
     assert_matches,

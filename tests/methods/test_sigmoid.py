@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 from tests.methods.attn_reference import (
     IDX,
     assert_matches,

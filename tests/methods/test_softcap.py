@@ -67,7 +67,7 @@ def test_decoder_equation(form: str) -> None:
 def test_options_parse_and_validate() -> None:
     from modbench.errors import ModbenchError
     from modbench.methods import parse_methods
-    from modbench.model.build import build_model
+    from modbench.methods.build import build_model
     from tests.methods.attn_reference import small_cfg
 
     (m,) = parse_methods("softcap(cap=30,form=soft)")

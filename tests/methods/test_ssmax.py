@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from modbench.model.build import build_model
+from modbench.methods.build import build_model
 from modbench.model.stream import ForwardContext
 from tests.methods.attn_reference import (
     IDX,

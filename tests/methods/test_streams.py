@@ -19,7 +19,7 @@ from modbench.analysis.memory import saved_activation_bytes
 from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
 from modbench.methods.attnres import block_sizes, source_counts
-from modbench.model.build import build_model, count_params
+from modbench.methods.build import build_model, count_params
 from tests.methods.attn_reference import IDX, small_cfg, standard_attention, swiglu
 from tests.reference import rms
 
@@ -222,7 +222,7 @@ def test_hyper_connections_mix_lanes_and_learn_them() -> None:
     cfg = small_cfg("hyper_connections(n=2)")
     model = build_model(cfg, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    from modbench.model.transformer import lm_loss
+    from modbench.runtime.loss import lm_loss
 
     for _ in range(3):
         opt.zero_grad()

@@ -13,10 +13,11 @@ import yaml
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods.build import build_model
 from modbench.methods.tokenformer import Pattention, grow_tokenformer
-from modbench.model.build import build_model
-from modbench.model.transformer import Transformer, lm_loss
-from modbench.train.checkpoint import load_checkpoint
+from modbench.model.transformer import Transformer
+from modbench.runtime.checkpoint import load_checkpoint
+from modbench.runtime.loss import lm_loss
 from modbench.train.trainer import Callback, Trainer, train
 from tests.helpers import read_metrics, tiny
 from tests.reference import causal_softmax_attention, rope

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from modbench.config import ModelConfig, resolve
+from modbench.methods.build import build_model, count_params
 from modbench.model.attention import ExplicitKernel, SDPAKernel
-from modbench.model.build import build_model, count_params
 from modbench.model.stream import ForwardContext
-from modbench.model.transformer import lm_loss
+from modbench.runtime.loss import lm_loss
 from tests.reference import attention, rms, swiglu
 
 torch.set_default_dtype(torch.float32)

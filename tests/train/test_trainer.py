@@ -158,7 +158,7 @@ def test_schedule_matches_formula() -> None:
 
 
 def test_weight_decay_only_on_matrices() -> None:
-    from modbench.model.build import build_model
+    from modbench.methods.build import build_model
 
     model = build_model(tiny("layerscale").model)
     decay, no_decay = param_groups(model, 0.1)

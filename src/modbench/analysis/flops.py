@@ -126,7 +126,7 @@ def measure_flops(model: torch.nn.Module, seq_len: int, *, train: bool = False,
     one forward and backward pass (``train=True``) on random tokens."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from modbench.model.transformer import lm_loss
+    from modbench.runtime.loss import lm_loss
 
     vocab = model.cfg.vocab_size  # type: ignore[attr-defined]
     idx = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modbench.model.transformer import lm_loss
+from modbench.runtime.loss import lm_loss
 
 
 def saved_activation_bytes(model: nn.Module, idx: torch.Tensor) -> int:

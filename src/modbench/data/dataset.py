@@ -240,6 +240,12 @@ class TokenDataset:
         rows = self._rows("train", self.train_indices(step, batch_size, data_seed))
         return torch.from_numpy(rows)
 
+    def train_batch_and_mask(self, step: int, batch_size: int,
+                             data_seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`train_batch` and the mask of the predictions that enter the loss: ``None``,
+        all of them (text rows count in full; ``modbench.data.mix`` masks probe rows)."""
+        return self.train_batch(step, batch_size, data_seed), None
+
     def val_batches(self, max_sequences: int | None, batch_size: int) -> Iterator[torch.Tensor]:
         """The first ``max_sequences`` validation rows (all when None), in stored order.
 

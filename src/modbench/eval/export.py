@@ -22,7 +22,7 @@ from typing import Any
 from modbench.data._fs import make_tmp_dir_next_to, remove_tree
 from modbench.errors import ModbenchError
 from modbench.eval.run import load_run
-from modbench.train.trainer import open_data
+from modbench.runtime.data import open_data
 
 EOS = "<|endoftext|>"
 

@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from modbench.data.synthetic import NAMESPACE, pools, probe_rng, synthetic_row
-
-PROBES = ("mqar", "induction", "cloze")
+from modbench.runtime.callback import Callback, TrainingRun
 
 
 @dataclass
@@ -179,3 +178,29 @@ def score(model: torch.nn.Module, probe: ProbeSet, batch_size: int = 16,
         **({"guess": probe.guess} if probe.guess is not None else {}),
         "items": items,
     }
+
+
+class ProbeScoring(Callback):
+    """``train.eval_probes=N``: score the probes on their first N held-out items at every
+    validation point, as ``modbench eval --probes --limit N`` would. Adds ``probes`` to each
+    finite validation record and ``final_probes`` to a completed run's summary."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sets: list[ProbeSet] = []
+        self.last: dict[str, float | None] = {}
+
+    def on_train_start(self, run: TrainingRun) -> None:
+        self.sets = probe_sets(run.cfg, run.data, self.n)
+
+    def on_eval(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
+        if record.get("val_loss") is None:
+            return
+        bs = run.cfg.train.micro_batch_size or run.cfg.train.batch_size
+        self.last.update({ps.name: score(run.model, ps, bs, run.device)["accuracy"]
+                          for ps in self.sets})  # type: ignore[misc]
+        record["probes"] = dict(self.last)
+
+    def on_train_end(self, run: TrainingRun, summary: dict[str, Any]) -> None:
+        if self.last and summary["status"] == "completed":
+            summary["final_probes"] = dict(self.last)

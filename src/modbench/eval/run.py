@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,14 @@ from tqdm.auto import tqdm
 
 from modbench.config import resolve
 from modbench.errors import ModbenchError
-from modbench.eval.probes import PROBES, probe_sets, score
+from modbench.eval.probes import probe_sets, score
 from modbench.fsutil import atomic_write_text
-from modbench.model.build import build_model
-from modbench.train.checkpoint import load_checkpoint
-from modbench.train.trainer import CHECKPOINT, open_data, resolve_device, validation_loss
+from modbench.methods.build import build_model
+from modbench.runtime.checkpoint import load_checkpoint
+from modbench.runtime.data import open_data
+from modbench.runtime.device import resolve_device
+from modbench.runtime.loss import finite_or_none, perplexity, validation_loss
+from modbench.runtime.runfolder import CHECKPOINT, CONFIG, EVAL
 
 DEFAULT_PROBE_ITEMS = 200
 
@@ -33,7 +34,7 @@ DEFAULT_PROBE_ITEMS = 200
 def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, torch.nn.Module,
                                                                          int]:
     """The run's config, its model with the last checkpoint's weights, and that step."""
-    cfg_file = run_dir / "config.yaml"
+    cfg_file = run_dir / CONFIG
     if not cfg_file.is_file():
         raise ModbenchError(f"{run_dir} is not a run folder (no config.yaml); pass the --out "
                             "folder of a `modbench train` run")
@@ -60,12 +61,11 @@ def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] |
     data = open_data(cfg, progress=progress)
     bs = batch_size or cfg.train.micro_batch_size or cfg.train.batch_size
     n_val = cfg.train.eval_sequences if limit is None else min(limit, cfg.train.eval_sequences)
-    val = validation_loss(model, data, n_val, bs, device, contextlib.nullcontext)
+    val = validation_loss(model, data, n_val, bs, device)
     result: dict[str, Any] = {
         "run": str(run), "method": cfg.model.method, "preset": cfg.preset, "seed": cfg.seed,
         "step": step,
-        "validation": {"loss": val if math.isfinite(val) else None,
-                       "ppl": math.exp(min(val, 700)) if math.isfinite(val) else None,
+        "validation": {"loss": finite_or_none(val), "ppl": perplexity(val),
                        "sequences": n_val},
         "tasks": {},
     }
@@ -81,8 +81,8 @@ def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] |
         if "climb_avg" in harness:
             result["climb_avg"] = harness.pop("climb_avg")
         result["tasks"].update(harness)
-    atomic_write_text(run / "eval.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(run / EVAL, json.dumps(result, indent=1) + "\n")
     return result
 
 
-__all__ = ["PROBES", "evaluate_run", "load_run"]
+__all__ = ["evaluate_run", "load_run"]

@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from modbench.config import ModelConfig
-from modbench.train.callback import Callback
+from modbench.runtime.callback import Callback
 
 
 def baseline_norm_count(cfg: ModelConfig) -> int:

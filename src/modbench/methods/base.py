@@ -127,6 +127,7 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 
 REGISTRY: dict[str, type[Method]] = {}
+NOT_METHODS = ("base", "build")  # modules of this package that define no method
 _loaded = False
 
 
@@ -149,7 +150,7 @@ def load_all() -> dict[str, type[Method]]:
         import modbench.methods as pkg
 
         for mod in pkgutil.iter_modules(pkg.__path__):
-            if not mod.name.startswith("_") and mod.name != "base":
+            if not mod.name.startswith("_") and mod.name not in NOT_METHODS:
                 importlib.import_module(f"modbench.methods.{mod.name}")
         _loaded = True
     return REGISTRY

@@ -82,7 +82,7 @@ from modbench.methods.base import Method, register
 from modbench.model.attention import SDPAKernel
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import ForwardContext, StreamState
-from modbench.train.callback import Callback
+from modbench.runtime.callback import Callback
 
 OUTPUT_SIDE = ("o", "down")  # weights normalised along dim 0 (columns); all others dim 1
 ALPHA_INIT = 0.05

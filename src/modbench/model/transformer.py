@@ -163,20 +163,3 @@ class Transformer(nn.Module):
             init = getattr(m, "modbench_init", None)
             if callable(init):
                 init()
-
-
-def lm_loss(logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None = None,
-            count: int | None = None) -> torch.Tensor:
-    """Next-token cross-entropy inside each packed row: predict ``idx[:, 1:]``.
-
-    With ``mask`` (``(B, T-1)`` booleans over those predictions) only the ``True`` ones count:
-    their summed loss divided by ``count`` (default: how many there are), so micro-batches of
-    one batch can share the batch's denominator.
-    """
-    v = logits.shape[-1]
-    flat = logits[:, :-1].reshape(-1, v).float()
-    if mask is None:
-        return F.cross_entropy(flat, idx[:, 1:].reshape(-1))
-    target = idx[:, 1:].masked_fill(~mask, -100).reshape(-1)
-    total = F.cross_entropy(flat, target, ignore_index=-100, reduction="sum")
-    return total / max(int(mask.sum()) if count is None else count, 1)

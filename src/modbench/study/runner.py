@@ -51,7 +51,8 @@ class JobResult:
 def execute_job(job: Job) -> JobResult:
     """Train (or resume) one run, evaluate it, and record it in the store's index."""
     from modbench.eval.run import evaluate_run
-    from modbench.train.trainer import CHECKPOINT, train
+    from modbench.runtime.runfolder import CHECKPOINT
+    from modbench.train.trainer import train
 
     if job.threads:
         import torch

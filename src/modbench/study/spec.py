@@ -42,7 +42,7 @@ import yaml
 
 from modbench.config import RunConfig, resolve
 from modbench.errors import ModbenchError, suggest
-from modbench.model.build import plan
+from modbench.methods.build import plan
 
 
 @dataclass

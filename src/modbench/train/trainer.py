@@ -1,33 +1,33 @@
 """One trainer for every method.
 
-It owns the schedule, clipping, precision, the seed split (init seed -> weights; data seed ->
-batch order), metrics, validation, divergence detection and atomic checkpoints. Extras
-attach as :class:`Callback` objects, never as edits to the loop.
+The loop (:meth:`Trainer.run`) owns the schedule, the batches, clipping, metrics, validation,
+divergence detection and atomic checkpoints. The numerical work of a step goes through an
+engine (:mod:`modbench.train.engine`: one model on one device today; an ensemble or a
+distributed run is another engine under the same loop). Everything else attaches as a
+:class:`~modbench.runtime.callback.Callback` at the loop's named points: the methods' own
+callbacks (nGPT's renormalisation, step-aware norms), probe scoring (``train.eval_probes``),
+and the caller's.
+
+The seed split: the init seed fixes the weights, the data seed the batch order, so every
+method and every init seed sees the same batch at the same step.
 
 A fresh start may take its initial weights from another run (``train.init_from``: a run
 folder or a checkpoint file; ignored on resume): after the usual initialisation the trainer
 loads that checkpoint's model weights, through each method's ``grow_state_dict`` hook (e.g.
 TokenFormer growth), and records the source under ``meta.init_from`` in ``config.yaml``.
 
-Run folder::
-
-    DIR/config.yaml         fully resolved config (+ method recipe exceptions, code version)
-    DIR/metrics.jsonl       one JSON object per line: train steps and validation points
-    DIR/summary.json        written once, at the end (status completed | diverged)
-    DIR/checkpoints/last.pt latest checkpoint (model, optimizer, step, metrics offset)
+The run folder's files are described in :mod:`modbench.runtime.runfolder` and docs/runs.md.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import math
-import platform
 import shutil
-import subprocess
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,94 +36,53 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
-import modbench
 from modbench.config import ModelConfig, RunConfig, dump_yaml, from_dict
 from modbench.errors import ModbenchError
-from modbench.eval import probes
+from modbench.eval.probes import ProbeScoring
 from modbench.fsutil import atomic_write_text
-from modbench.methods.base import Method, collect_recipe_exceptions
-from modbench.model.build import Plan, build_model, count_params, plan
-from modbench.model.transformer import lm_loss
-from modbench.train.callback import Callback
-from modbench.train.checkpoint import load_checkpoint, save_checkpoint
+from modbench.methods.base import Method
+from modbench.methods.build import plan_run
+from modbench.runtime.callback import Callback
+from modbench.runtime.checkpoint import load_checkpoint, save_checkpoint
+from modbench.runtime.data import open_data
+from modbench.runtime.device import autocast_for, resolve_device
+from modbench.runtime.loss import finite_or_none, perplexity
+from modbench.runtime.runfolder import (
+    CHECKPOINT,
+    CONFIG,
+    METRICS,
+    SUMMARY,
+    MetricsLog,
+    code_version,
+)
+from modbench.train.engine import Engine, ModelEngine
 from modbench.train.optim import build_optimizer
 from modbench.train.schedule import lr_at
 
-CHECKPOINT = Path("checkpoints") / "last.pt"
 LAST_GRAD_NORMS = 10
 
 
-def code_version() -> dict[str, Any]:
-    git = None
-    with contextlib.suppress(Exception):
-        here = Path(modbench.__file__).resolve().parent
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
-        if out.returncode == 0:
-            git = out.stdout.strip()
-    return {"modbench": modbench.__version__, "git_commit": git, "torch": str(torch.__version__),
-            "python": platform.python_version()}
+@dataclass
+class Progress:
+    """Where the run stands: what a checkpoint saves besides the weights, and the outcome."""
 
+    step: int = 0  # optimizer steps done when the loop (re)starts
+    train_time: float = 0.0
+    initial_val: float | None = None
+    last_val: float | None = None
+    status: str = "completed"
+    diverged_at: int | None = None
+    grad_norms: collections.deque[tuple[int, float | None]] = field(
+        default_factory=lambda: collections.deque(maxlen=LAST_GRAD_NORMS))
 
-def open_data(cfg: RunConfig, progress: bool = True) -> Any:
-    """Open (preparing the built-in corpus if needed) and check the token data."""
-    from modbench.data import builtin_dataset, open_dataset
-
-    if cfg.data.source == "builtin":
-        path = builtin_dataset(cfg.model.vocab_size, cfg.train.seq_len, progress=progress)
-    else:
-        path = Path(cfg.data.source)
-        if not path.exists():
-            raise ModbenchError(
-                f"data source {path} does not exist; prepare it with `modbench data prepare` "
-                "or use data.source=builtin"
-            )
-    ds = open_dataset(path, verify=cfg.data.verify)
-    ds.check_vocab(cfg.model.vocab_size)
-    if ds.seq_len != cfg.train.seq_len:
-        raise ModbenchError(
-            f"data at {path} is packed in rows of {ds.seq_len} tokens but train.seq_len is "
-            f"{cfg.train.seq_len}; use --set train.seq_len={ds.seq_len} or re-prepare the data"
-        )
-    if cfg.data.probe_mix:
-        from modbench.data.mix import ProbeMixDataset
-
-        return ProbeMixDataset(ds, cfg.data.probe_mix, cfg.data.probe_loss)
-    return ds
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModbenchError(f"train.device={name} but CUDA is not available; use cpu or auto")
-    return dev
-
-
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-@torch.no_grad()
-def validation_loss(model: nn.Module, data: Any, n_sequences: int, batch_size: int,
-                    device: torch.device, autocast: Any) -> float:
-    """Mean next-token loss over the fixed validation set (the first ``n_sequences`` rows)."""
-    was_training = model.training
-    model.eval()
-    total, rows = 0.0, 0
-    for batch in data.val_batches(n_sequences, batch_size):
-        batch = batch.to(device)
-        with autocast():
-            loss = lm_loss(model(batch), batch)
-        total += loss.item() * batch.shape[0]
-        rows += batch.shape[0]
-    model.train(was_training)
-    return total / max(rows, 1)
+    def diverge(self, at: int) -> None:
+        self.status, self.diverged_at = "diverged", at
 
 
 class Trainer:
-    """Train one run. Construct (which validates everything), then :meth:`run`."""
+    """Train one run. Construct (which validates everything and writes nothing), then
+    :meth:`run`. The caller's config is not changed: :attr:`cfg` is the run's own copy, with
+    the canonical method string and the methods' recipe exceptions."""
 
     def __init__(
         self,
@@ -134,43 +93,190 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         progress: bool = True,
     ) -> None:
-        self.out = Path(out_dir)
-        self.resume = resume
-        self.progress = progress
-        cfg.validate()
+        self.out, self.resume, self.progress = Path(out_dir), resume, progress
         # 1. methods: unknown or conflicting ones fail here, before any file is written
-        self.plan: Plan = plan(cfg.model)
-        cfg.model.method = self.plan.method
-        cfg.recipe_exceptions = collect_recipe_exceptions(self.plan.methods)
-        for key, value in cfg.recipe_exceptions.items():
-            if not hasattr(cfg.recipe, key):
-                raise ValueError(f"recipe exception {key!r} is not a recipe key")
-            setattr(cfg.recipe, key, value)
-        cfg.recipe.validate()
-        self.cfg = cfg
+        self.cfg, self.plan = plan_run(cfg)
         # 2. the run folder (and the initial weights of a fresh start)
         self._check_out_dir()
-        self.init_checkpoint = (None if resume or cfg.train.init_from is None
-                                else init_checkpoint(cfg.train.init_from))
+        tc = self.cfg.train
+        self.init_checkpoint = (None if resume or tc.init_from is None
+                                else init_checkpoint(tc.init_from))
         # 3. data (missing, corrupt, wrong vocabulary, wrong packing)
-        self.data = open_data(cfg, progress)
-        self.device = resolve_device(cfg.train.device)
+        self.data = open_data(self.cfg, progress)
+        self.device = resolve_device(tc.device)
+        standard: list[Callback] = [ProbeScoring(tc.eval_probes)] if tc.eval_probes else []
         self.callbacks: list[Callback] = [cb for m in self.plan.methods for cb in m.callbacks()]
-        self.callbacks += list(callbacks)
+        self.callbacks += [*standard, *callbacks]
+        self.step = 0
 
-    # ------------------------------------------------------------------ set-up helpers
+    # ----------------------------------------------------------------------- the loop
+
+    def run(self) -> dict[str, Any]:
+        """Train to ``train.steps`` (or to divergence) and return the summary, which is also
+        written to ``summary.json``."""
+        tc = self.cfg.train
+        if tc.threads > 0:
+            torch.set_num_threads(tc.threads)
+        prog, metrics_offset = self._start()
+        self.step = prog.step
+        self.log = MetricsLog(self.out / METRICS, truncate_at=metrics_offset)
+        bar = tqdm(total=tc.steps, initial=prog.step, disable=not self.progress, unit="step",
+                   desc=f"{self.cfg.model.method} s{self.cfg.seed}", dynamic_ncols=True)
+        try:
+            self._emit("on_train_start")
+            if prog.initial_val is None:
+                prog.initial_val = self._validate(prog, 0)
+            for step in range(prog.step, tc.steps):
+                self.step, done, t0 = step, step + 1, time.perf_counter()
+                lr = lr_at(step, self.cfg.recipe, tc.steps)
+                self.engine.set_lr(lr)
+                batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
+                                                             self.cfg.data.data_seed)
+                self._emit("on_batch", step, batch)
+                loss = self.engine.backward(batch, mask)
+                grad_norm = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip)
+                prog.grad_norms.append((done, finite_or_none(grad_norm)))
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    self.engine.discard()
+                    self.log.write({"kind": "train", "step": done, "loss": finite_or_none(loss),
+                                    "lr": lr, "grad_norm": finite_or_none(grad_norm),
+                                    "nonfinite": True})
+                    prog.diverge(done)
+                    break
+                self.engine.update()
+                self._emit("after_optimizer_step", step)
+                self.engine.synchronize()
+                dt = time.perf_counter() - t0
+                prog.train_time += dt
+                record = {"kind": "train", "step": done, "loss": loss, "lr": lr,
+                          "grad_norm": grad_norm, "tokens_per_s": self._tokens(1) / dt,
+                          "tokens": self._tokens(done)}
+                self._emit("on_step_end", step, record)
+                if done % max(tc.log_every, 1) == 0 or done == tc.steps:
+                    self.log.write(record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
+                if done == tc.steps:
+                    break
+                if _every(tc.eval_every, done) and not math.isfinite(self._validate(prog, done)):
+                    prog.diverge(done)
+                    break
+                if _every(tc.checkpoint_every, done):
+                    self._checkpoint(prog, done)
+            if prog.status == "completed":  # the end: a last validation and checkpoint
+                if math.isfinite(self._validate(prog, tc.steps)):
+                    self._checkpoint(prog, tc.steps)
+                else:
+                    prog.diverge(tc.steps)
+        finally:
+            bar.close()
+            self.log.close()
+        return self._finish(prog)
+
+    # ------------------------------------------------------------------ the loop's parts
+
+    def _emit(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self, *args)
+
+    def _tokens(self, steps: int) -> int:
+        return steps * self.cfg.train.batch_size * self.cfg.train.seq_len
+
+    def _validate(self, prog: Progress, step: int) -> float:
+        """Validation loss at ``step``, logged (with what callbacks add) and remembered."""
+        tc = self.cfg.train
+        v = self.engine.validation_loss(self.data, tc.eval_sequences,
+                                        tc.micro_batch_size or tc.batch_size)
+        record = {"kind": "val", "step": step, "val_loss": finite_or_none(v),
+                  "val_ppl": perplexity(v)}
+        self._emit("on_eval", step, record)
+        self.log.write(record)
+        prog.last_val = v
+        return v
+
+    def _checkpoint(self, prog: Progress, step: int) -> None:
+        save_checkpoint(self.out / CHECKPOINT, {
+            **self.engine.state_dict(), "step": step, "train_time": prog.train_time,
+            "metrics_offset": self.log.tell(), "initial_val_loss": prog.initial_val,
+            "config": self.cfg.to_dict(),
+        })
+
+    def _start(self) -> tuple[Progress, int | None]:
+        """Build the model, optimizer and engine; then load the checkpoint of a resumed run
+        (its progress and the metrics offset to cut back to), or write a fresh run's
+        ``config.yaml``. A fresh run whose set-up fails leaves no folder behind."""
+        cfg, tc = self.cfg, self.cfg.train
+        created = not self.out.exists()
+        try:
+            self.model: nn.Module = self.plan.build(cfg.seed, self.device)
+            self.optimizer = build_optimizer(self.model, cfg.recipe)
+            self.engine: Engine = ModelEngine(
+                self.model, self.optimizer, self.device,
+                autocast_for(cfg.recipe.precision, self.device),
+                n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
+                compile=tc.compile)
+            if self.resume:
+                state = load_checkpoint(self.out / CHECKPOINT)
+                self.engine.load_state_dict(state)
+                prog = Progress(step=state["step"], train_time=state["train_time"],
+                                initial_val=state["initial_val_loss"])
+                return prog, state["metrics_offset"]
+            meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
+                                    "params": self.plan.count_params()}
+            if self.init_checkpoint is not None:
+                meta["init_from"] = load_initial_weights(self.model, self.plan.methods,
+                                                         cfg.model, self.init_checkpoint)
+            self.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out / CONFIG, dump_yaml(cfg) + "\n"
+                              + yaml.safe_dump({"meta": meta}, sort_keys=False))
+            return Progress(), None
+        except BaseException:
+            if created and not self.resume:
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
+
+    def _finish(self, prog: Progress) -> dict[str, Any]:
+        """The summary: computed, offered to the callbacks, written to ``summary.json``."""
+        cfg, tc = self.cfg, self.cfg.train
+        completed = prog.status == "completed"
+        steps_done = prog.diverged_at - 1 if prog.diverged_at is not None else tc.steps
+        ran = steps_done - prog.step  # steps this process trained
+        summary = {
+            "status": prog.status,
+            "method": cfg.model.method,
+            "preset": cfg.preset,
+            "recipe": cfg.recipe.name,
+            "seed": cfg.seed,
+            "data_seed": cfg.data.data_seed,
+            "steps": steps_done,
+            "steps_planned": tc.steps,
+            "tokens": self._tokens(steps_done),
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "initial_val_loss": finite_or_none(prog.initial_val),
+            "final_val_loss": finite_or_none(prog.last_val) if completed else None,
+            "val_ppl": perplexity(prog.last_val) if completed else None,
+            "tokens_per_s": self._tokens(ran) / prog.train_time if prog.train_time > 0 else None,
+            "diverged_at_step": prog.diverged_at,
+            "last_grad_norms": [{"step": s, "grad_norm": g} for s, g in prog.grad_norms],
+            "device": str(self.device),
+            "train_time_s": prog.train_time,
+        }
+        self._emit("on_train_end", summary)
+        atomic_write_text(self.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    # ------------------------------------------------------------------ set-up checks
 
     def _check_out_dir(self) -> None:
         if self.resume:
-            cfg_file = self.out / "config.yaml"
+            cfg_file = self.out / CONFIG
             if not (self.out / CHECKPOINT).is_file() or not cfg_file.is_file():
                 raise ModbenchError(
                     f"cannot resume: {self.out} has no {CHECKPOINT}; run without --resume"
                 )
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
-            now = self.cfg.to_dict()
-            diff = sorted(_diff_keys(stored, now))
+            diff = sorted(_diff_keys(stored, self.cfg.to_dict()))
             if diff:
                 raise ModbenchError(
                     f"cannot resume {self.out}: the config differs from its config.yaml in "
@@ -182,198 +288,9 @@ class Trainer:
                 "continue it or choose another --out"
             )
 
-    def _autocast(self) -> Any:
-        prec = self.cfg.recipe.precision
-        use_bf16 = prec == "bf16" or (prec == "auto" and self.device.type == "cuda")
-        if not use_bf16:
-            return contextlib.nullcontext
-        return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    # ----------------------------------------------------------------------- the loop
-
-    def run(self) -> dict[str, Any]:
-        cfg, tc = self.cfg, self.cfg.train
-        if tc.threads > 0:
-            torch.set_num_threads(tc.threads)
-        autocast = self._autocast()
-        created = not self.out.exists()
-        try:
-            self.model = build_model(cfg.model, seed=cfg.seed, device=self.device)
-            self.optimizer = build_optimizer(self.model, cfg.recipe)
-            start_step, train_time, metrics_offset = 0, 0.0, 0
-            initial_val: float | None = None
-            if self.resume:
-                state = load_checkpoint(self.out / CHECKPOINT)
-                self.model.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
-                start_step, train_time = state["step"], state["train_time"]
-                metrics_offset, initial_val = state["metrics_offset"], state["initial_val_loss"]
-                with open(self.out / "metrics.jsonl", "r+b") as f:
-                    f.truncate(metrics_offset)
-            else:
-                meta_init = None
-                if self.init_checkpoint is not None:
-                    meta_init = load_initial_weights(self.model, self.plan.methods, cfg.model,
-                                                     self.init_checkpoint)
-                self.out.mkdir(parents=True, exist_ok=True)
-                meta = {"meta": {"code": code_version(), "slots": self.plan.spec.describe(),
-                                 "params": count_params(cfg.model)}}
-                if meta_init is not None:
-                    meta["meta"]["init_from"] = meta_init
-                atomic_write_text(self.out / "config.yaml",
-                                  dump_yaml(cfg) + "\n" + yaml.safe_dump(meta, sort_keys=False))
-        except BaseException:
-            if created and not self.resume:
-                shutil.rmtree(self.out, ignore_errors=True)
-            raise
-
-        model = torch.compile(self.model) if tc.compile else self.model
-        params = sum(p.numel() for p in self.model.parameters())
-        n_micro = tc.batch_size // (tc.micro_batch_size or tc.batch_size)
-        tokens_per_step = tc.batch_size * tc.seq_len
-        eval_bs = tc.micro_batch_size or tc.batch_size
-        grad_norms: collections.deque[tuple[int, float | None]] = collections.deque(
-            maxlen=LAST_GRAD_NORMS)
-        status, diverged_at, last_val = "completed", None, None
-        self.step = start_step
-
-        metrics = open(self.out / "metrics.jsonl", "a")  # noqa: SIM115 - closed in finally
-
-        def log(rec: dict[str, Any]) -> None:
-            metrics.write(json.dumps(rec, allow_nan=False) + "\n")
-            metrics.flush()
-
-        probe_sets = probes.probe_sets(cfg, self.data, tc.eval_probes) if tc.eval_probes else []
-        last_probes: dict[str, float | None] = {}
-
-        def evaluate(step: int) -> float:
-            v = validation_loss(self.model, self.data, tc.eval_sequences, eval_bs, self.device,
-                                autocast)
-            rec: dict[str, Any] = {"kind": "val", "step": step, "val_loss": _finite_or_none(v),
-                                   "val_ppl": _finite_or_none(_ppl(v))}
-            if probe_sets and math.isfinite(v):
-                last_probes.update({ps.name: probes.score(self.model, ps, eval_bs,
-                                                          self.device)["accuracy"]
-                                    for ps in probe_sets})
-                rec["probes"] = dict(last_probes)
-            log(rec)
-            for cb in self.callbacks:
-                cb.on_eval(self, step, v)
-            return v
-
-        def checkpoint(step: int) -> None:
-            save_checkpoint(self.out / CHECKPOINT, {
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "step": step, "train_time": train_time, "metrics_offset": metrics.tell(),
-                "initial_val_loss": initial_val, "config": cfg.to_dict(),
-            })
-
-        bar = tqdm(total=tc.steps, initial=start_step, disable=not self.progress,
-                   desc=f"{cfg.model.method} s{cfg.seed}", unit="step", dynamic_ncols=True)
-        try:
-            for cb in self.callbacks:
-                cb.on_train_start(self)
-            if initial_val is None:
-                initial_val = last_val = evaluate(0)
-            self.model.train()
-            for step in range(start_step, tc.steps):
-                self.step = step
-                t0 = time.perf_counter()
-                lr = lr_at(step, cfg.recipe, tc.steps)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                mask = None
-                if hasattr(self.data, "train_batch_and_mask"):
-                    batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
-                                                                 cfg.data.data_seed)
-                else:
-                    batch = self.data.train_batch(step, tc.batch_size, cfg.data.data_seed)
-                for cb in self.callbacks:
-                    cb.on_batch(self, step, batch)
-                micros = batch.to(self.device).chunk(n_micro)
-                # data.probe_loss=answers: a mask, and one denominator for the whole batch
-                count = int(mask.sum()) if mask is not None else 0
-                masks = (mask.to(self.device).chunk(n_micro) if mask is not None
-                         else (None,) * len(micros))
-                loss_sum = 0.0
-                for micro, m in zip(micros, masks, strict=True):
-                    with autocast():
-                        logits = model(micro)
-                        loss = (lm_loss(logits, micro) / n_micro if m is None
-                                else lm_loss(logits, micro, m, count))
-                    loss.backward()
-                    loss_sum += loss.item()
-                clip = cfg.recipe.grad_clip if cfg.recipe.grad_clip > 0 else float("inf")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-                grad_norms.append((step + 1, _finite_or_none(grad_norm)))
-                if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
-                    status, diverged_at = "diverged", step + 1
-                    log({"kind": "train", "step": step + 1, "loss": _finite_or_none(loss_sum),
-                         "lr": lr, "grad_norm": _finite_or_none(grad_norm), "nonfinite": True})
-                    self.optimizer.zero_grad(set_to_none=True)
-                    break
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                for cb in self.callbacks:
-                    cb.after_optimizer_step(self, step)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                train_time += dt
-                rec = {"kind": "train", "step": step + 1, "loss": loss_sum, "lr": lr,
-                       "grad_norm": grad_norm, "tokens_per_s": tokens_per_step / dt,
-                       "tokens": (step + 1) * tokens_per_step}
-                if (step + 1) % max(tc.log_every, 1) == 0 or step + 1 == tc.steps:
-                    log(rec)
-                for cb in self.callbacks:
-                    cb.on_step_end(self, step, rec)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_sum:.3f}", lr=f"{lr:.2e}")
-                done = step + 1
-                if tc.eval_every and done % tc.eval_every == 0 and done != tc.steps:
-                    last_val = evaluate(done)
-                    if not math.isfinite(last_val):
-                        status, diverged_at = "diverged", done
-                        break
-                if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-                    checkpoint(done)
-            else:
-                last_val = evaluate(tc.steps)
-                if not math.isfinite(last_val):
-                    status, diverged_at = "diverged", tc.steps
-                else:
-                    checkpoint(tc.steps)
-        finally:
-            bar.close()
-            metrics.close()
-
-        steps_done = (diverged_at - 1) if diverged_at is not None else tc.steps
-        summary = {
-            "status": status,
-            "method": cfg.model.method,
-            "preset": cfg.preset,
-            "recipe": cfg.recipe.name,
-            "seed": cfg.seed,
-            "data_seed": cfg.data.data_seed,
-            "steps": steps_done,
-            "steps_planned": tc.steps,
-            "tokens": steps_done * tokens_per_step,
-            "params": params,
-            "initial_val_loss": _finite_or_none(initial_val) if initial_val is not None else None,
-            "final_val_loss": _finite_or_none(last_val) if status == "completed" else None,
-            "val_ppl": _finite_or_none(_ppl(last_val)) if status == "completed" else None,
-            **({"final_probes": last_probes} if last_probes and status == "completed" else {}),
-            "tokens_per_s": (steps_done - start_step) * tokens_per_step / train_time
-            if train_time > 0 else None,
-            "diverged_at_step": diverged_at,
-            "last_grad_norms": [{"step": s, "grad_norm": g} for s, g in grad_norms],
-            "device": str(self.device),
-            "train_time_s": train_time,
-        }
-        atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        for cb in self.callbacks:
-            cb.on_train_end(self, summary)
-        return summary
+def _every(k: int, done: int) -> bool:
+    return bool(k) and done % k == 0
 
 
 def init_checkpoint(source: str | Path) -> Path:
@@ -425,12 +342,6 @@ def load_initial_weights(model: nn.Module, methods: Sequence[Method], new_cfg: M
     return {"checkpoint": str(path), "step": state.get("step"), "method": old_cfg.method}
 
 
-def _ppl(loss: float | None) -> float:
-    if loss is None or not math.isfinite(loss):
-        return float("nan")
-    return math.exp(min(loss, 700.0))
-
-
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> Iterable[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in set(a) | set(b):
@@ -451,5 +362,4 @@ def train(
     return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks, progress=progress).run()
 
 
-__all__ = ["Callback", "Trainer", "init_checkpoint", "load_initial_weights", "open_data", "train",
-           "validation_loss"]
+__all__ = ["Callback", "Trainer", "init_checkpoint", "load_initial_weights", "train"]

@@ -25,7 +25,7 @@ class ModbenchForCausalLM(PreTrainedModel):
     def __init__(self, config: ModbenchConfig) -> None:
         super().__init__(config)
         from modbench.config import ModelConfig
-        from modbench.model.build import plan
+        from modbench.methods.build import plan
         from modbench.model.transformer import Transformer
 
         p = plan(ModelConfig(**config.modbench))

@@ -1,0 +1,100 @@
+"""From a config to a model: resolve the method string, let each method edit the config and
+fill the spec's slots (a :class:`Plan`), then build and initialise the decoder.
+
+A plan is computed once per run and then built (:meth:`Plan.build`) or counted
+(:meth:`Plan.count_params`); :func:`build_model` and :func:`count_params` plan and build in one.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from modbench.config import ModelConfig, RunConfig
+from modbench.errors import ModbenchError
+from modbench.methods.base import Method, canonical, collect_recipe_exceptions, parse_methods
+from modbench.model.spec import ModelSpec
+from modbench.model.transformer import Transformer, baseline_spec
+
+
+@dataclass
+class Plan:
+    """The resolved methods, the (possibly edited) model config and the filled spec."""
+
+    cfg: ModelConfig
+    methods: list[Method]
+    spec: ModelSpec
+
+    @property
+    def method(self) -> str:
+        """The canonical method string (names, and options that differ from the defaults)."""
+        return canonical(self.methods)
+
+    def build(self, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
+        """Build and initialise the model; the weights depend on ``seed`` only.
+
+        Initialisation runs on the CPU under a private RNG (the global RNG is left as it
+        was), so the same seed gives bit-identical weights on every machine.
+        """
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Transformer(self.cfg, self.spec)
+            model.init_weights()
+            for m in self.methods:
+                m.post_init(model)
+        model.methods = self.methods
+        return model.to(device)
+
+    def count_params(self) -> int:
+        """Parameter count without allocating weights (built on the meta device); tied
+        embeddings count once."""
+        with torch.device("meta"):
+            model = Transformer(self.cfg, self.spec)
+        return sum(t.numel() for t in model.parameters())
+
+
+def plan(cfg: ModelConfig) -> Plan:
+    """Parse ``cfg.method``, let each method edit (a copy of) the config and fill the spec.
+
+    Raises :class:`~modbench.errors.ModbenchError` for unknown or conflicting methods,
+    before anything is allocated.
+    """
+    methods = parse_methods(cfg.method)
+    cfg = copy.deepcopy(cfg)
+    for m in methods:
+        m.edit_config(cfg)
+    cfg.validate()
+    spec = baseline_spec()
+    for m in methods:
+        m.configure(spec, cfg)
+    return Plan(cfg, methods, spec)
+
+
+def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
+    """A run config as it trains, and its plan. The config is a validated copy (``cfg`` is
+    not touched) with the canonical method string and the methods' recipe exceptions applied
+    to the recipe and recorded under ``recipe_exceptions``."""
+    cfg.validate()
+    p = plan(cfg.model)
+    run = copy.deepcopy(cfg)
+    run.model.method = p.method
+    run.recipe_exceptions = collect_recipe_exceptions(p.methods)
+    for key, value in run.recipe_exceptions.items():
+        if not hasattr(run.recipe, key):
+            raise ModbenchError(f"a method declares recipe exception {key!r}, which is not a "
+                                "recipe key; fix the method's recipe_exceptions")
+        setattr(run.recipe, key, value)
+    run.recipe.validate()
+    return run, p
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
+    """Plan ``cfg`` and build the model (:meth:`Plan.build`)."""
+    return plan(cfg).build(seed, device)
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Plan ``cfg`` and count its parameters without allocating them."""
+    return plan(cfg).count_params()
