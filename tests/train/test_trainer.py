@@ -175,3 +175,74 @@ def test_recipes_as_specified() -> None:
     assert (c.optimizer, c.lr, c.weight_decay, c.grad_clip) == ("adam", 1e-3, 0.0, 0.0)
     assert resolve("climb-1.2b").recipe.name == "seed002"
     assert resolve("llama-130m").recipe.name == "c4-mixln"
+
+
+def test_the_callers_config_is_not_changed(tmp_path: Path) -> None:
+    """Method recipe exceptions and the canonical method string go into the run's own copy."""
+    cfg = tiny("ngpt", 0, 2)
+    before = cfg.to_dict()
+    trainer = Trainer(cfg, tmp_path / "r", progress=False)
+    trainer.run()
+    assert cfg.to_dict() == before and cfg.recipe.weight_decay == 0.1
+    assert trainer.cfg.recipe.weight_decay == 0.0 and trainer.cfg.recipe_exceptions
+    spelled = tiny("qknorm(scope=head)", 0, 2)
+    assert Trainer(spelled, tmp_path / "q", progress=False).cfg.model.method == "qknorm"
+    assert spelled.model.method == "qknorm(scope=head)"
+
+
+def test_methods_are_planned_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          ) -> None:
+    import modbench.methods.build as build
+
+    calls: list[str] = []
+    real = build.plan
+
+    def counting(cfg: Any) -> Any:
+        calls.append(cfg.method)
+        return real(cfg)
+
+    monkeypatch.setattr(build, "plan", counting)
+    train(tiny("layerscale+qknorm", 0, 2), tmp_path / "r", progress=False)
+    assert calls == ["layerscale+qknorm"]
+
+
+class Recorder(Callback):
+    """Logs each hook it sees and adds a key wherever the loop lets it."""
+
+    def __init__(self, name: str, seen: list[str]) -> None:
+        self.name, self.seen = name, seen
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.seen.append(f"{self.name}:start@{trainer.step}")
+
+    def on_step_end(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None:
+        record[f"{self.name}_step"] = step
+
+    def on_eval(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None:
+        record[f"{self.name}_eval"] = record["val_loss"]
+
+    def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        summary[f"{self.name}_end"] = summary["steps"]
+        self.seen.append(f"{self.name}:end")
+
+
+def test_callbacks_run_in_order_and_their_keys_are_kept(tmp_path: Path) -> None:
+    seen: list[str] = []
+    s = train(tiny("baseline", 0, 4, "train.eval_every=2"), tmp_path / "r",
+              callbacks=[Recorder("a", seen), Recorder("b", seen)], progress=False)
+    assert seen == ["a:start@0", "b:start@0", "a:end", "b:end"]
+    rows = read_metrics(tmp_path / "r")
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [(r["a_step"], r["b_step"]) for r in train_rows] == [(i, i) for i in range(4)]
+    assert all(r["a_eval"] == r["val_loss"] for r in rows if r["kind"] == "val")
+    on_disk = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert on_disk["a_end"] == on_disk["b_end"] == s["steps"] == 4
+
+
+def test_a_resumed_run_starts_its_callbacks_at_the_checkpoint_step(tmp_path: Path) -> None:
+    cfg = lambda: tiny("baseline", 0, 6, "train.checkpoint_every=3")  # noqa: E731
+    with pytest.raises(RuntimeError, match="killed"):
+        train(cfg(), tmp_path / "r", callbacks=[Kill(4)], progress=False)
+    seen: list[str] = []
+    train(cfg(), tmp_path / "r", resume=True, callbacks=[Recorder("a", seen)], progress=False)
+    assert seen[0] == "a:start@3"
