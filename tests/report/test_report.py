@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from modbench.cli import run_cli
-from modbench.report.collect import curves
+from modbench.runtime.runfolder import curves
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
 
@@ -61,7 +61,7 @@ def test_probe_curves_follow_the_validation_records(study: Path) -> None:
     """Each run's probe curve has one point per validation (steps 0, 3, 6) and ends at the
     run's final_probes."""
     for run in sorted((study / "runs").iterdir()):
-        c = curves(study, run.name)
+        c = curves(run)
         final = json.loads((run / "summary.json").read_text())["final_probes"]
         for name in ("mqar", "induction", "cloze"):
             assert [s for s, _ in c[f"probe:{name}"]] == [0, 3, 6]

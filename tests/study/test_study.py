@@ -164,13 +164,13 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
     from modbench.analysis.stats import noise_floor, undecided
-    from modbench.report.collect import collect
+    from modbench.study.results import load_rows
 
     spec = load_spec(write_spec(tmp_path, methods=["qknorm", "post_ln"],
                                 evaluation={"probes": False}))
     out = tmp_path / "s"
     c = run_study(spec, out, until_decided=3, progress=False)
-    rows = collect(out)
+    rows = load_rows(out)
     table: dict[str, dict[int, float | None]] = {}
     for r in rows:
         table.setdefault(r.method, {})[r.seed] = r.metric("val_loss")
@@ -179,3 +179,117 @@ def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
     floor = noise_floor(table["baseline"], higher_is_better=False)
     # whatever is still undecided has reached the cap
     assert all(req.capped for req in undecided(table, floor, max_seeds=3))
+
+
+# A small fake study: the store's rows are written by hand (no training, no run folders).
+FAKE_LOSSES = {("baseline", 0): 3.0, ("baseline", 1): 3.1, ("baseline", 2): 2.9,
+               ("qknorm", 0): 2.5,  # far better than the floor: decided
+               ("post_ln", 0): 3.05,  # within the threshold's reach: straddles, undecided
+               ("layerscale", 0): None}  # diverged
+FAKE_TABLE: dict[str, dict[int, float | None]] = {  # what the tables must be, by hand
+    "baseline": {0: 3.0, 1: 3.1, 2: 2.9}, "layerscale": {0: None}, "post_ln": {0: 3.05},
+    "qknorm": {0: 2.5}}
+
+
+def fake_study(tmp: Path) -> Path:
+    write_spec(tmp, methods=["qknorm", "post_ln", "layerscale"],
+               seeds={"default": [0], "noise_floor": [0, 1, 2], "anchors": []},
+               overrides=["train.steps=4", "model.n_layers=3"], evaluation={"probes": False})
+    store = Store(tmp)
+    for (method, seed), loss in FAKE_LOSSES.items():
+        key = f"{method}-{seed}"
+        store.register(key, "tiny", method, seed)
+        assert store.claim(key)
+        summary = ({"status": "diverged", "diverged_at_step": 2} if loss is None
+                   else {"status": "completed", "final_val_loss": loss, "params": 1000})
+        store.finish(key, summary, None)
+    store.register("qknorm-1", "tiny", "qknorm", 1)  # pending: in neither table
+    store.register("post_ln-1", "tiny", "post_ln", 1)
+    assert store.claim("post_ln-1")
+    store.fail("post_ln-1", "boom")  # failed: in neither table
+    store.register("cs", "cpu-small", "qknorm", 0)  # another scale, without a baseline
+    assert store.claim("cs")
+    store.finish("cs", {"status": "completed", "final_val_loss": 1.0}, None)
+    return tmp
+
+
+def test_runner_and_report_share_one_table(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's undecided-seed table and the report's comparison table are built by the
+    same function (analysis.results.metric_table), and both equal the hand-built table."""
+    import modbench.analysis.results as ar
+    from modbench.analysis.stats import compare, noise_floor, undecided
+    from modbench.study.results import load_results
+    from modbench.study.runner import _undecided_runs
+    from modbench.study.spec import run_spec
+
+    folder = fake_study(tmp_path)
+    spec = load_spec(folder / "spec.yaml")
+    built: list[tuple[str, object]] = []
+    original = ar.metric_table
+
+    def spy(rows: list[ar.RunRow], scale: str, metric: str,
+            baseline: str) -> dict[str, dict[int, float | None]]:
+        table = original(rows, scale, metric, baseline)
+        built.append((scale, table))
+        return table
+
+    monkeypatch.setattr(ar, "metric_table", spy)
+
+    results = load_results(folder)
+    report_tables = dict(built)
+    built.clear()
+    new = _undecided_runs(spec, folder, cap=3)
+    runner_tables = dict(built)
+
+    assert report_tables["tiny"] == runner_tables["tiny"] == FAKE_TABLE
+    assert list(report_tables["tiny"]) == ["baseline", "layerscale", "post_ln", "qknorm"]
+    assert report_tables["cpu-small"] == {"qknorm": {0: 1.0}}
+
+    # the report's statistics are compare() of the hand-built table ...
+    expected = [x.to_dict() for x in compare(FAKE_TABLE, "baseline", higher_is_better=False)]
+    assert results.metric == "val_loss" and list(results.comparisons) == ["tiny"]
+    assert (json.dumps(results.comparisons["tiny"], default=str, sort_keys=True)
+            == json.dumps(expected, default=str, sort_keys=True))
+    # ... and the runner's new seeds are undecided() of the same table
+    floor = noise_floor(FAKE_TABLE["baseline"], higher_is_better=False)
+    reqs = [q for q in undecided(FAKE_TABLE, floor, max_seeds=3) if not q.capped]
+    assert [q.method for q in reqs] == ["post_ln"]
+    want = [run_spec(spec, "tiny", q.method, max(FAKE_TABLE[q.method]) + 1) for q in reqs]
+    assert [(r.method, r.seed, r.key) for r in new] == [(r.method, r.seed, r.key) for r in want]
+
+
+def test_load_results_flops_come_from_the_spec(tmp_path: Path) -> None:
+    """FLOPs per (scale, method) are the analytic FLOPs of the run config the spec gives (its
+    overrides included), with no run folder to read."""
+    from modbench.analysis.flops import flop_report
+    from modbench.config import resolve
+    from modbench.study.results import load_results
+
+    folder = fake_study(tmp_path)
+    assert not any((folder / "runs").iterdir())
+    results = load_results(folder)
+    for method in ("baseline", "qknorm", "post_ln", "layerscale"):
+        cfg = resolve("tiny", method=method, seed=0, overrides=["model.n_layers=3"])
+        direct = flop_report(cfg.model, cfg.train.seq_len)
+        got = results.flops_of("tiny", method)
+        assert got is not None
+        assert got.train_flops_per_token == direct.train_flops_per_token
+        assert got.flops_ratio == direct.flops_ratio
+    preset = resolve("tiny", method="qknorm")  # without the spec's override: 2 layers
+    flops = results.flops_of("tiny", "qknorm")
+    assert flops is not None
+    assert flops.train_flops_per_token != flop_report(preset.model,
+                                                      preset.train.seq_len).train_flops_per_token
+
+
+def test_a_folder_without_a_spec_uses_the_spec_defaults(tmp_path: Path) -> None:
+    from modbench.study.results import load_results
+
+    folder = fake_study(tmp_path)
+    (folder / "spec.yaml").unlink()
+    results = load_results(folder, metric="val_loss")
+    assert (results.name, results.baseline, results.anchors) == (folder.name, "baseline", [])
+    assert list(results.comparisons) == ["tiny"]
+    with pytest.raises(ModbenchError, match="not a study folder"):
+        load_results(tmp_path / "nothing")

@@ -1,4 +1,6 @@
-"""``modbench study report DIR``: tables, plots, markdown, self-contained HTML and CSV.
+"""Render a study's results (:class:`modbench.analysis.results.StudyResults`): tables, plots,
+markdown, self-contained HTML and CSV. This module only renders; ``write_study_report`` in the
+study package loads a study folder's results and calls :func:`write_report`.
 
 Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), ``results.csv``
 (one row per run), ``results.json`` (the statistics per method and scale) and the PNGs.
@@ -22,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from modbench.analysis.stats import CORRECTIONS, compare, spearman_across_scales
-from modbench.report.collect import RunRow, collect, curves, default_metric, higher_is_better
+from modbench.analysis.results import RunRow, StudyResults, higher_is_better
+from modbench.analysis.stats import CORRECTIONS, spearman_across_scales
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
+from modbench.runtime.runfolder import CURVES, curves
 
 
 @dataclass
@@ -54,75 +55,36 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-def _spec(study: Path) -> dict[str, Any]:
-    p = study / "spec.yaml"
-    return yaml.safe_load(p.read_text()) if p.is_file() else {}
-
-
-def _flops(study: Path, row: RunRow) -> tuple[float | None, float | None]:
-    """Training FLOPs per token and the ratio to the baseline, from the run's config."""
-    try:
-        from modbench.analysis import flop_report
-        from modbench.config import resolve
-
-        cfg = resolve(yaml_file=study / "runs" / row.key / "config.yaml")
-        r = flop_report(cfg.model, cfg.train.seq_len).as_dict()
-        return float(r["train_flops_per_token"]), float(r["flops_ratio"])
-    except Exception:  # a missing run folder or an older layout: leave the cell empty
-        return None, None
-
-
-def analyse(rows: list[RunRow], baseline: str, metric: str,
-            anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Per scale, :func:`modbench.analysis.stats.compare` over the methods' seeds."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for scale in sorted({r.scale for r in rows}):
-        here = [r for r in rows if r.scale == scale and r.state == "done"]
-        table: dict[str, dict[int, float | None]] = {}
-        for r in sorted(here, key=lambda r: (r.method != baseline, r.method, r.seed)):
-            table.setdefault(r.method, {})[r.seed] = r.metric(metric)
-        if baseline not in table:
-            continue
-        res = compare(table, baseline, higher_is_better=higher_is_better(metric),
-                      references=[a for a in anchors if a in table])
-        out[scale] = [x.to_dict() for x in res]
-    return out
-
-
-def build_report(study: str | Path, metric: str | None = None) -> Path:
-    root = Path(study)
-    rows = collect(root)
-    spec = _spec(root)
-    baseline = spec.get("baseline", "baseline")
-    anchors = list((spec.get("seeds") or {}).get("anchors") or [])
-    ev = spec.get("evaluation") or {}
-    metric = metric or default_metric(ev.get("primary"), ev.get("tasks"))
-    out = root / "report"
-    out.mkdir(exist_ok=True)
-    stats = analyse(rows, baseline, metric, anchors)
+def write_report(results: StudyResults, out: Path) -> Path:
+    """Write the report files of ``results`` into the folder ``out``; returns ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, metric, baseline = results.rows, results.metric, results.baseline
     blocks: list[Block] = [
-        Block("h1", f"Study report: {spec.get('name', root.name)}"),
-        Block("p", f"{len(rows)} runs in `{root}`; baseline `{baseline}`; primary metric "
-                   f"`{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better). "
-                   "Significance: two-sided z against the baseline's seed noise floor, corrected "
-                   "over the non-baseline methods (Bonferroni, Holm, Benjamini–Hochberg, "
-                   "α = 0.05); the verdict uses Bonferroni and requires |Δ| > 1σ."),
+        Block("h1", f"Study report: {results.name}"),
+        Block("p", f"{len(rows)} runs in `{results.folder}`; baseline `{baseline}`; primary "
+                   f"metric `{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is "
+                   "better). Significance: two-sided z against the baseline's seed noise floor, "
+                   "corrected over the non-baseline methods (Bonferroni, Holm, "
+                   "Benjamini–Hochberg, α = 0.05); the verdict uses Bonferroni and requires "
+                   "|Δ| > 1σ."),
     ]
-    _table2(root, rows, stats, metric, blocks)
+    _table2(results, blocks)
     _secondary(rows, baseline, blocks)
     _cross_scale(rows, metric, blocks)
     _divergence(rows, blocks)
-    _figures(root, rows, baseline, metric, out, blocks)
+    _figures(rows, baseline, out, blocks)
     _write_csv(rows, out / "results.csv")
-    (out / "results.json").write_text(json.dumps(stats, indent=1, default=str) + "\n")
+    (out / "results.json").write_text(json.dumps(results.comparisons, indent=1, default=str)
+                                      + "\n")
     (out / "report.md").write_text(_markdown(blocks, out))
     (out / "report.html").write_text(_html(blocks))
     return out
 
 
-def _table2(root: Path, rows: list[RunRow], stats: dict[str, list[dict[str, Any]]],
-            metric: str, blocks: list[Block]) -> None:
-    for scale, res in stats.items():
+def _table2(results: StudyResults, blocks: list[Block]) -> None:
+    rows, metric = results.rows, results.metric
+    for scale, res in results.comparisons.items():
         blocks.append(Block("h2", f"Methods against the baseline — {scale} (Table 2 view)"))
         floor = res[0]["floor"] if res else {}
         blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
@@ -132,7 +94,7 @@ def _table2(root: Path, rows: list[RunRow], stats: dict[str, list[dict[str, Any]
         body = []
         for r in res:
             run = next((x for x in rows if x.scale == scale and x.method == r["method"]), None)
-            flops, ratio = _flops(root, run) if run else (None, None)
+            fl = results.flops_of(scale, r["method"])
             sig = r["significant"]
             body.append([
                 f"`{r['method']}`", f"{r['n']}" + (f" (+{r['n_diverged']} div.)"
@@ -144,7 +106,8 @@ def _table2(root: Path, rows: list[RunRow], stats: dict[str, list[dict[str, Any]
                 *["" if r["is_baseline"] else _fmt(r["p_adjusted"][c], 3)
                   + (" *" if sig.get(c) else "") for c in CORRECTIONS],
                 str(r["verdict"]), _fmt(run.params if run else None),
-                _fmt(flops, 4), _fmt(ratio, 4),
+                _fmt(fl.train_flops_per_token if fl else None, 4),
+                _fmt(fl.flops_ratio if fl else None, 4),
             ])
         blocks.append(Block("table", header=header, rows=body))
 
@@ -218,12 +181,11 @@ def _divergence(rows: list[RunRow], blocks: list[Block]) -> None:
                         rows=body))
 
 
-def _figures(root: Path, rows: list[RunRow], baseline: str, metric: str, out: Path,
-             blocks: list[Block]) -> None:
+def _figures(rows: list[RunRow], baseline: str, out: Path, blocks: list[Block]) -> None:
     blocks.append(Block("h2", "Figures"))
     for scale in sorted({r.scale for r in rows}):
         here = [r for r in rows if r.scale == scale and r.state == "done"]
-        per_run = {f"{r.method}/s{r.seed}": curves(root, r.key) for r in here}
+        per_run = {f"{r.method}/s{r.seed}": _curves(r) for r in here}
         loss = {label: c["loss"] for label, c in per_run.items()}
         gn = {label: c["grad_norm"] for label, c in per_run.items()}
         p1 = curves_plot(loss, f"training loss — {scale}", "loss", out / f"loss_{scale}.png")
@@ -267,6 +229,10 @@ def _figures(root: Path, rows: list[RunRow], baseline: str, metric: str, out: Pa
                          out / f"task_delta_{scale}.png")
             blocks.append(Block("img", "Per-task Δ against the baseline (Figure 3 view)",
                                 path=p4))
+
+
+def _curves(row: RunRow) -> dict[str, list[tuple[int, float]]]:
+    return curves(row.run_dir) if row.run_dir is not None else {k: [] for k in CURVES}
 
 
 def _write_csv(rows: list[RunRow], path: Path) -> None:

@@ -43,9 +43,9 @@ def run(
     for f in c["failures"]:
         typer.echo(f"  failed: {f}", err=True)
     if report:
-        from modbench.report.build import build_report
+        from modbench.study.results import write_study_report
 
-        out = build_report(folder)
+        out = write_study_report(folder)
         typer.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if c["failed"]:
         raise typer.Exit(1)
@@ -92,9 +92,9 @@ def report(
 
     Example: modbench study report studies/builtin-cpu
     """
-    from modbench.report.build import build_report
+    from modbench.study.results import write_study_report
 
-    out = build_report(folder, metric)
+    out = write_study_report(folder, metric)
     typer.echo(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'results.csv'}")
 
 

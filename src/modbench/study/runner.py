@@ -175,17 +175,15 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
 
 def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
     """One new seed for each configuration whose verdict is not settled yet."""
+    from modbench.analysis.results import default_metric, higher_is_better, metric_table
     from modbench.analysis.stats import noise_floor, undecided
-    from modbench.report.collect import collect, default_metric, higher_is_better
+    from modbench.study.results import load_rows
 
     metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
-    rows = [r for r in collect(out) if r.state == "done"]
+    rows = load_rows(out)
     new: list[RunSpec] = []
     for scale in spec.scales:
-        table: dict[str, dict[int, float | None]] = {}
-        for r in rows:
-            if r.scale == scale:
-                table.setdefault(r.method, {})[r.seed] = r.metric(metric)
+        table = metric_table(rows, scale, metric, spec.baseline)
         if spec.baseline not in table:
             continue
         floor = noise_floor(table[spec.baseline], higher_is_better=higher_is_better(metric))
@@ -203,11 +201,10 @@ def _job(out: str | Path, r: RunSpec, spec: StudySpec) -> Job:
 
 
 def study_status(out: str | Path) -> list[dict[str, Any]]:
-    root = Path(out)
-    if not (root / "index.sqlite").is_file():
-        raise ModbenchError(f"{root} is not a study folder (no index.sqlite); run "
-                            "`modbench study run` first")
-    return Store(root).rows()
+    from modbench.study.results import check_study_folder
+
+    check_study_folder(Path(out))
+    return Store(out).rows()
 
 
 def group_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:

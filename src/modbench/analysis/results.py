@@ -1,0 +1,144 @@
+"""A study's results as plain data: one row per run, the per-scale ``{method: {seed: value}}``
+tables of a metric, their comparison with the baseline, and :class:`StudyResults`, everything
+a report renders.
+
+Both the study runner (which seeds are still undecided) and the report (Table 2) build their
+tables with :func:`metric_table`, so they always judge the same numbers. Reading a study
+folder is ``modbench.study.results``; rendering is ``modbench.report``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modbench.analysis.stats import compare
+from modbench.runtime.runfolder import PROBES
+
+Table = dict[str, dict[int, float | None]]  # method -> seed -> metric value (None: diverged)
+
+
+@dataclass
+class RunRow:
+    """One run of a study, from its row in the study's index (``study.store``)."""
+
+    key: str
+    scale: str
+    method: str
+    seed: int
+    state: str
+    status: str | None
+    val_loss: float | None
+    params: int | None
+    tokens: int | None
+    diverged_at_step: int | None
+    last_grad_norms: list[dict[str, Any]] = field(default_factory=list)
+    tasks: dict[str, float] = field(default_factory=dict)  # task -> score (accuracy etc.)
+    task_items: dict[str, list[float]] = field(default_factory=dict)
+    climb_avg: float | None = None
+    run_dir: Path | None = None  # the run folder (metrics.jsonl for the curves)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], run_dir: Path | None = None) -> RunRow:
+        """A row from a plain store-row dict (``Store.rows()``: key, scale, method, seed,
+        state, status and the parsed ``summary`` and ``eval`` JSON, either may be None)."""
+        s = record.get("summary") or {}
+        ev = record.get("eval") or {}
+        tasks, items = {}, {}
+        for name, t in (ev.get("tasks") or {}).items():
+            score = t.get("accuracy", t.get("score"))
+            if isinstance(score, int | float) and math.isfinite(score):
+                tasks[name] = float(score)
+                items[name] = [float(i.get("score", i.get("acc", math.nan)))
+                               for i in t.get("items", [])]
+        return cls(
+            key=record["key"], scale=record["scale"], method=record["method"],
+            seed=int(record["seed"]), state=record["state"], status=record.get("status"),
+            val_loss=s.get("final_val_loss"), params=s.get("params"), tokens=s.get("tokens"),
+            diverged_at_step=s.get("diverged_at_step"),
+            last_grad_norms=s.get("last_grad_norms") or [], tasks=tasks, task_items=items,
+            climb_avg=ev.get("climb_avg"), run_dir=run_dir)
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
+
+    def metric(self, name: str) -> float | None:
+        """The value of a study metric: ``val_loss``, ``probe_avg``, ``climb_avg`` or a task."""
+        if self.diverged:
+            return None
+        if name == "val_loss":
+            return self.val_loss
+        if name == "climb_avg":
+            return self.climb_avg
+        if name == "probe_avg":
+            probes = [v for k, v in self.tasks.items() if k in PROBES]
+            return sum(probes) / len(probes) if probes else None
+        return self.tasks.get(name)
+
+
+HIGHER_IS_BETTER = {"val_loss": False}
+
+
+def higher_is_better(metric: str) -> bool:
+    return HIGHER_IS_BETTER.get(metric, True)
+
+
+def default_metric(primary: str | None, tasks: list[str] | None) -> str:
+    """A study's decision metric: its ``evaluation.primary``, else ``climb_avg`` when it runs
+    harness tasks, else ``val_loss``."""
+    return primary or ("climb_avg" if tasks else "val_loss")
+
+
+def metric_table(rows: list[RunRow], scale: str, metric: str, baseline: str) -> Table:
+    """``{method: {seed: value}}`` of ``metric`` over the finished (state ``done``) runs at
+    ``scale``; a diverged run's value is None. The baseline comes first, then the methods in
+    name order, each with its seeds in order (the order of :func:`compare`'s results)."""
+    here = [r for r in rows if r.scale == scale and r.state == "done"]
+    table: Table = {}
+    for r in sorted(here, key=lambda r: (r.method != baseline, r.method, r.seed)):
+        table.setdefault(r.method, {})[r.seed] = r.metric(metric)
+    return table
+
+
+def compare_scales(rows: list[RunRow], baseline: str, metric: str,
+                   anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per scale (in name order), :func:`modbench.analysis.stats.compare` over the methods'
+    seeds, as plain dicts; a scale without a finished baseline run is left out."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for scale in sorted({r.scale for r in rows}):
+        table = metric_table(rows, scale, metric, baseline)
+        if baseline not in table:
+            continue
+        res = compare(table, baseline, higher_is_better=higher_is_better(metric),
+                      references=[a for a in anchors if a in table])
+        out[scale] = [x.to_dict() for x in res]
+    return out
+
+
+@dataclass(frozen=True)
+class MethodFlops:
+    """Analytic training FLOPs per token of a method at a scale, and the ratio of its forward
+    FLOPs to the baseline's (``modbench.analysis.flops.FlopReport``)."""
+
+    train_flops_per_token: float
+    flops_ratio: float
+
+
+@dataclass
+class StudyResults:
+    """Everything a study report shows, as plain data."""
+
+    name: str
+    folder: Path  # the study folder, as given
+    baseline: str
+    metric: str
+    anchors: list[str]
+    rows: list[RunRow]
+    comparisons: dict[str, list[dict[str, Any]]]  # scale -> compare() results as dicts
+    flops: dict[str, dict[str, MethodFlops]] = field(default_factory=dict)  # scale -> method
+
+    def flops_of(self, scale: str, method: str) -> MethodFlops | None:
+        return self.flops.get(scale, {}).get(method)

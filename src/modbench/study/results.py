@@ -1,0 +1,75 @@
+"""A study folder's results: its spec, its runs and their statistics
+(:class:`modbench.analysis.results.StudyResults`), and the report built from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modbench.analysis.flops import flop_report
+from modbench.analysis.results import (
+    MethodFlops,
+    RunRow,
+    StudyResults,
+    compare_scales,
+    default_metric,
+)
+from modbench.errors import ModbenchError
+from modbench.study.spec import StudySpec, load_spec, run_spec
+from modbench.study.store import Store
+
+
+def check_study_folder(root: Path) -> None:
+    """Refuse a folder that no study has run in (no results index)."""
+    if not (root / "index.sqlite").is_file():
+        raise ModbenchError(f"{root} is not a study folder (no index.sqlite); run "
+                            "`modbench study run` first")
+
+
+def load_rows(folder: str | Path) -> list[RunRow]:
+    """One :class:`RunRow` per run in the study's index (by scale, method, seed)."""
+    root = Path(folder)
+    check_study_folder(root)
+    store = Store(root)
+    return [RunRow.from_record(r, store.run_dir(r["key"])) for r in store.rows()]
+
+
+def load_spec_of(folder: str | Path) -> StudySpec | None:
+    """The spec a study folder was last run with (``DIR/spec.yaml``), None if it has none."""
+    path = Path(folder) / "spec.yaml"
+    return load_spec(path) if path.is_file() else None
+
+
+def method_flops(spec: StudySpec, scale: str, method: str, seed: int = 0) -> MethodFlops:
+    """Training FLOPs per token and the FLOPs ratio of ``method`` at ``scale``, from the run
+    config the spec gives it."""
+    cfg = run_spec(spec, scale, method, seed).config
+    r = flop_report(cfg.model, cfg.train.seq_len)
+    return MethodFlops(float(r.train_flops_per_token), float(r.flops_ratio))
+
+
+def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
+    """The study's runs, their per-scale comparison with the baseline on ``metric`` (default:
+    the spec's decision metric) and each method's FLOPs per scale."""
+    root = Path(folder)
+    rows = load_rows(root)
+    found = load_spec_of(root)
+    spec = found or StudySpec()
+    metric = metric or default_metric(spec.evaluation.primary, spec.evaluation.tasks)
+    anchors = list(spec.seeds.anchors)
+    flops: dict[str, dict[str, MethodFlops]] = {}
+    for r in rows:  # by scale, method, seed: the first seed of each method
+        per_scale = flops.setdefault(r.scale, {})
+        if r.method not in per_scale:
+            per_scale[r.method] = method_flops(spec, r.scale, r.method, r.seed)
+    return StudyResults(
+        name=found.name if found else root.name, folder=root, baseline=spec.baseline,
+        metric=metric, anchors=anchors, rows=rows,
+        comparisons=compare_scales(rows, spec.baseline, metric, anchors), flops=flops)
+
+
+def write_study_report(folder: str | Path, metric: str | None = None) -> Path:
+    """Write ``DIR/report/`` (``modbench.report.build.write_report``); returns that folder."""
+    from modbench.report.build import write_report
+
+    results = load_results(folder, metric)
+    return write_report(results, Path(folder) / "report")
