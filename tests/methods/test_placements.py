@@ -12,7 +12,7 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.methods.build import build_model
+from modbench.methods.build import build_model, plan
 from tests.methods.norm_reference import Sites, reference_logits
 from tests.reference import randomize_gains
 
@@ -127,6 +127,40 @@ def test_deepnorm_with_comt_scales_the_wrapped_linear() -> None:
     a = base.blocks[1].ffn.core.down_proj.inner.weight
     b = deep.blocks[1].ffn.core.down_proj.inner.weight
     torch.testing.assert_close(b, a * beta)
+
+
+def test_deepnorm_with_relu2_scales_up_and_down() -> None:
+    """The two-matrix FFN has no gate: DeepNorm scales W_v, W_o, W_up and W_down by
+    beta = (8L)^-1/4 and leaves the rest as the same seed's plain relu2 model draws them."""
+    layers = 3
+    kw = dict(n_layers=layers, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24)
+    base = build_model(cfg_for("relu2", **kw), seed=4).state_dict()
+    deep = build_model(cfg_for("deepnorm+relu2", **kw), seed=4).state_dict()
+    beta = (8 * layers) ** -0.25
+    linear = [k for k in base if k.endswith("_proj.weight") or k in ("embed.weight", "head.weight")]
+    assert len(linear) == 6 * layers + 2 and not any("gate_proj" in k for k in deep)
+    for k in linear:
+        factor = beta if k.split(".")[-2] in ("v_proj", "o_proj", "up_proj", "down_proj") else 1
+        torch.testing.assert_close(deep[k], base[k] * factor, rtol=1e-6, atol=0, msg=k)
+    up = "blocks.1.ffn.core.up_proj.weight"
+    assert not torch.equal(deep[up], base[up])
+
+
+def test_deepnorm_refuses_projections_that_are_not_linear() -> None:
+    with pytest.raises(ModbenchError, match="deepnorm scales the W_v projection") as err:
+        build_model(cfg_for("deepnorm+tokenformer"))
+    assert "\n" not in str(err.value) and "cannot be combined" in str(err.value)
+
+
+def test_deepnorm_refuses_an_ffn_without_linear_layers() -> None:
+    class NoMatrices(nn.Module):
+        def forward(self, x: torch.Tensor, ctx: object) -> torch.Tensor:
+            return x
+
+    p = plan(cfg_for("deepnorm"))
+    p.spec.fill("ffn", lambda cfg, build, layer: NoMatrices(), by="custom")
+    with pytest.raises(ModbenchError, match=r"FFN projections \(W_gate, W_up or W_down\)"):
+        p.build()
 
 
 def test_deepnorm_refuses_other_merge_or_placement() -> None:

@@ -58,7 +58,6 @@ Slots: ``stream`` and ``merge``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -67,7 +66,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, option_choice, register
 from modbench.model.norms import inv_rms
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import SUBLAYERS, ModelSpec, parts_of
 from modbench.model.stream import (
     Record,
     Stream,
@@ -216,7 +215,7 @@ class AttnRes(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         variant, blocks = self._checked()
 
-        def factory(c: Any) -> nn.Module:
+        def factory(c: ModelConfig) -> nn.Module:
             return AttnResStream(c.d_model, c.n_layers, variant, blocks, c.norm_eps)
 
         spec.fill("stream", factory, by=self.name)
@@ -224,12 +223,14 @@ class AttnRes(Method):
 
     def post_init(self, model: nn.Module) -> None:
         spec: ModelSpec = model.spec  # type: ignore[assignment]
-        n_layers = model.cfg.n_layers  # type: ignore[attr-defined]
-        for i, block in enumerate(model.blocks):  # type: ignore[attr-defined]
-            for sub in (block.attn, block.ffn):
-                if isinstance(sub.residual_norm, nn.Identity):
+        cfg: ModelConfig = model.cfg  # type: ignore[assignment]
+        n_layers = cfg.n_layers
+        parts = parts_of(model)
+        for i in range(n_layers):
+            for sub in SUBLAYERS:
+                site = f"{sub}.residual"
+                if isinstance(parts.norm(site, i), nn.Identity):
                     continue
-                site = f"{sub.name}.residual"
                 owner = (spec.owner("placement") if spec.get("placement")(site, i, n_layers)
                          else spec.describe().get("norm_wrappers", "a norm wrapper"))
                 raise ModbenchError(

@@ -31,7 +31,6 @@ FLOPs: 2 hidden (d_in + d_out) per token per modulated projection (two small mat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -108,7 +107,7 @@ class CoMT(Method):
             raise ModbenchError(f"option hidden={hidden} of method 'comt' must be >= 1")
 
         def wrap(module: nn.Module, role: str, d_in: int, d_out: int, layer: int,
-                 c: Any) -> nn.Module:
+                 c: ModelConfig) -> nn.Module:
             if role not in roles:
                 return module
             return ModulatedLinear(module, d_in, d_out, hidden, c.init_std)

@@ -21,12 +21,16 @@ the projections, the wrapped plain linear is scaled.
 
 Choices of our own: N is the number of decoder blocks L (torchscale's ``decoder_layers``);
 the base init is the lab's plain normal (torchscale's is Xavier), so beta scales 0.02.
+"All FFN matrices" are the linear layers the FFN core makes (roles ``gate``, ``up``, ``down``,
+found through ``model.parts``): with a two-matrix FFN (``deepnorm+relu2``) that is W_up and
+W_down. W_v, W_o and at least one FFN matrix must be linear layers with a ``weight`` in every
+block; a method that replaces them (``deepnorm+tokenformer``'s Pattention) is refused.
 Parameters and FLOPs: unchanged (the scalar alpha is a constant, not learned).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -36,11 +40,11 @@ from modbench.errors import ModbenchError
 from modbench.methods._common import inner_linear
 from modbench.methods.base import Method, register
 from modbench.methods.post_ln import post_ln_placement
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import ModelSpec, parts_of
 from modbench.model.stream import StreamState
 
-SCALED = ("attn.core.v_proj", "attn.core.o_proj",
-          "ffn.core.gate_proj", "ffn.core.up_proj", "ffn.core.down_proj")
+ATTN_SCALED = ("v", "o")  # linear roles scaled by beta; every block must have both
+FFN_SCALED = ("gate", "up", "down")  # scaled where the FFN core made them (at least one)
 
 
 def deepnorm_alpha(n_layers: int) -> float:
@@ -65,6 +69,21 @@ class ScaledResidualMerge(nn.Module):
         return f"alpha={self.alpha:.4f}"
 
 
+def refuse_combination(what: str, layer: int) -> NoReturn:
+    raise ModbenchError(
+        f"deepnorm scales the {what} of every block at init, but block {layer} has no such "
+        "linear layer (another method replaced it); these methods cannot be combined"
+    )
+
+
+def linear_weight(m: nn.Module | None, role: str, layer: int) -> torch.Tensor:
+    """The weight of the plain linear layer inside ``m`` (under any linear wrappers)."""
+    weight = getattr(inner_linear(m), "weight", None) if m is not None else None
+    if not isinstance(weight, torch.Tensor):
+        refuse_combination(f"W_{role} projection", layer)
+    return weight
+
+
 @register
 class DeepNorm(Method):
     name = "deepnorm"
@@ -75,7 +94,7 @@ class DeepNorm(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         alpha = deepnorm_alpha(cfg.n_layers)
 
-        def merge(c: Any, layer: int, sublayer: str) -> nn.Module:
+        def merge(c: ModelConfig, layer: int, sublayer: str) -> nn.Module:
             return ScaledResidualMerge(alpha)
 
         spec.fill("placement", post_ln_placement, by=self.name)
@@ -83,20 +102,21 @@ class DeepNorm(Method):
 
     @torch.no_grad()
     def post_init(self, model: nn.Module) -> None:
-        beta = deepnorm_beta(model.cfg.n_layers)  # type: ignore[attr-defined]
-        for i, block in enumerate(model.blocks):  # type: ignore[attr-defined]
-            for path in SCALED:
-                try:
-                    weight = inner_linear(block.get_submodule(path)).weight
-                except AttributeError:
-                    weight = None
-                if not isinstance(weight, torch.Tensor):
-                    raise ModbenchError(
-                        f"deepnorm scales the {path} projection of every block at init, but "
-                        f"block {i} has no such linear layer (another method replaced it); "
-                        "these methods cannot be combined"
-                    )
-                weight.mul_(beta)
+        parts = parts_of(model)
+        cfg: ModelConfig = model.cfg  # type: ignore[assignment]
+        n_layers = cfg.n_layers
+        weights = []
+        for i in range(n_layers):
+            ffn = [r for r in FFN_SCALED if parts.has_linear(r, i)]
+            for role in ATTN_SCALED:
+                weights.append(linear_weight(parts.linear(role, i)
+                                             if parts.has_linear(role, i) else None, role, i))
+            if not ffn:
+                refuse_combination("FFN projections (W_gate, W_up or W_down)", i)
+            weights += [linear_weight(parts.linear(r, i), r, i) for r in ffn]
+        beta = deepnorm_beta(n_layers)
+        for w in weights:
+            w.mul_(beta)
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return 0

@@ -173,7 +173,7 @@ class DenseFormer(Method):
         k, p = self.opts.dilation, self.opts.period
         _check(cfg, k, p)
 
-        def factory(c: Any) -> nn.Module:
+        def factory(c: ModelConfig) -> nn.Module:
             return DenseFormerStream(c.d_model, c.n_layers, k, p)
 
         spec.fill("stream", factory, by=self.name)

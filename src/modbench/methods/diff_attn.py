@@ -35,7 +35,6 @@ components the same key head when H/H_kv >= 2); H and H_kv must be even. The pap
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +108,7 @@ class DiffAttention(Method):
                 f"model.n_kv_heads={cfg.n_kv_heads} must both be even"
             )
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return DiffKernel(c.head_dim, layer)
 
         spec.fill("attn.kernel", factory, by=self.name)

@@ -30,14 +30,13 @@ per query head. The fast SDPA path is unchanged. Slot: ``attn.out_gate``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.methods.base import Method, option_choice, register
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import Builder, ModelSpec
 
 
 class OutputGate(nn.Module):
@@ -70,7 +69,7 @@ class GatedAttention(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         form = option_choice(self.name, "form", self.opts.form, ("head", "elementwise"))
 
-        def factory(c: Any, build: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, build: Builder, layer: int) -> nn.Module:
             return OutputGate(c.d_model, c.n_heads, c.head_dim, form == "elementwise")
 
         spec.fill("attn.out_gate", factory, by=self.name)

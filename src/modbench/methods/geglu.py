@@ -20,7 +20,6 @@ tanh approximation, available as an option). Slot: ``ffn.act``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
@@ -44,7 +43,7 @@ class GeGLU(Method):
         approx = option_choice(self.name, "approximate", self.opts.approximate,
                                ("none", "tanh"))
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return nn.GELU(approximate=approx)
 
         spec.fill("ffn.act", factory, by=self.name, key=f"gelu-{approx}")

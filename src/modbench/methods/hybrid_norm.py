@@ -31,15 +31,13 @@ input norms instead of the ``attn.residual`` one).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.methods.base import Method, register
 from modbench.model.norms import RMSNorm
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import ModelSpec, Placement
 from modbench.model.stream import ForwardContext
 
 
@@ -54,7 +52,7 @@ class HeadValueNorm(nn.Module):
         return self.norm(v)
 
 
-def hybrid_placement(star: bool) -> Any:
+def hybrid_placement(star: bool) -> Placement:
     def placement(site: str, layer: int, n_layers: int) -> bool:
         if site == "final":
             return True
@@ -65,11 +63,11 @@ def hybrid_placement(star: bool) -> Any:
     return placement
 
 
-def head_norm(c: Any, layer: int) -> nn.Module:
+def head_norm(c: ModelConfig, layer: int) -> nn.Module:
     return RMSNorm(c.head_dim, c.norm_eps)
 
 
-def value_norm(c: Any, layer: int) -> nn.Module:
+def value_norm(c: ModelConfig, layer: int) -> nn.Module:
     return HeadValueNorm(c.head_dim, c.norm_eps)
 
 

@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -230,7 +229,7 @@ class HyperConnections(Method):
         n, dynamic = self.opts.n, self.opts.dynamic
         _check_n(n)
 
-        def factory(c: Any) -> nn.Module:
+        def factory(c: ModelConfig) -> nn.Module:
             return HyperConnectionsStream(c.d_model, c.n_layers, n, dynamic, c.norm_eps)
 
         spec.fill("stream", factory, by=self.name)
@@ -313,7 +312,7 @@ class HyperConnections2Lane(Method):
             raise ModbenchError(f"option rate={rate:g} of method 'hyper_connections_2lane' "
                                 "must lie strictly between 0 and 1 (e.g. 0.1)")
 
-        def factory(c: Any) -> nn.Module:
+        def factory(c: ModelConfig) -> nn.Module:
             return TwoLaneStream(c.n_layers, rate)
 
         spec.fill("stream", factory, by=self.name)

@@ -181,7 +181,7 @@ class LaurelFactory:
     pa: tuple[int, int | None] | None = None  # (rank, k), None: no PA
     owners: tuple[str, ...] = ()
 
-    def __call__(self, cfg: Any, layer: int, sublayer: str) -> nn.Module:
+    def __call__(self, cfg: ModelConfig, layer: int, sublayer: str) -> nn.Module:
         pa = None
         if self.pa is not None:
             rank, k = self.pa

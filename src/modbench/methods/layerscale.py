@@ -17,7 +17,6 @@ Slots: fills ``merge`` (the residual merge of each sublayer). Parameters: 2 d pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -69,7 +68,7 @@ class LayerScale(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         init = self.opts.init if self.opts.init is not None else cait_init(cfg.n_layers)
 
-        def factory(c: Any, layer: int, sublayer: str) -> nn.Module:
+        def factory(c: ModelConfig, layer: int, sublayer: str) -> nn.Module:
             return LayerScaleMerge(c.d_model, init)
 
         spec.fill("merge", factory, by=self.name)

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import ModelSpec, Placement
 
 
 def n_post_layers(n_layers: int, fraction: float) -> int:
@@ -36,7 +35,7 @@ def n_post_layers(n_layers: int, fraction: float) -> int:
     return math.floor(fraction * n_layers + 1e-9)
 
 
-def mix_ln_placement(fraction: float) -> Any:
+def mix_ln_placement(fraction: float) -> Placement:
     def placement(site: str, layer: int, n_layers: int) -> bool:
         if site == "final":
             return True

@@ -80,7 +80,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.attention import SDPAKernel
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import Builder, ModelSpec
 from modbench.model.stream import ForwardContext, StreamState
 from modbench.runtime.callback import Callback
 
@@ -184,7 +184,7 @@ class NGPTQK(nn.Module):
 class NGPTFFN(nn.Module):
     """``W_down(u * act(nu))``, ``u = s_u sqrt(d) W_up h``, ``nu = s_nu sqrt(d) W_gate h``."""
 
-    def __init__(self, cfg: Any, build: Any, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, build: Builder, layer: int) -> None:
         super().__init__()
         d, ff = cfg.d_model, cfg.d_ff
         self.gate_proj = build.linear("gate", d, ff, layer)
@@ -225,7 +225,7 @@ class NGPTLogits(nn.Module):
         return logits * self.s_z().to(logits.dtype)
 
 
-def base_scale(cfg: Any) -> float:
+def base_scale(cfg: ModelConfig) -> float:
     return 1.0 / math.sqrt(cfg.d_model)
 
 
@@ -245,26 +245,29 @@ class NGPT(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         scale = base_scale(cfg)
 
-        def qk_post(c: Any, layer: int) -> nn.Module:
+        def qk_post(c: ModelConfig, layer: int) -> nn.Module:
             return NGPTQK(c.n_heads, c.n_kv_heads, c.head_dim, scale)
 
-        def kernel(c: Any, layer: int) -> nn.Module:
+        def kernel(c: ModelConfig, layer: int) -> nn.Module:
             return SDPAKernel(scale=math.sqrt(c.head_dim))
 
-        def ffn(c: Any, build: Any, layer: int) -> nn.Module:
+        def ffn(c: ModelConfig, build: Builder, layer: int) -> nn.Module:
             return NGPTFFN(c, build, layer)
 
-        def merge(c: Any, layer: int, sublayer: str) -> nn.Module:
+        def merge(c: ModelConfig, layer: int, sublayer: str) -> nn.Module:
             return NGPTMerge(c.d_model, scale)
 
-        def logits(c: Any) -> nn.Module:
+        def logits(c: ModelConfig) -> nn.Module:
             return NGPTLogits(c.vocab_size, scale)
 
-        for slot, value in (("placement", no_norm_sites), ("norm", never_built_norm),
-                            ("linear", unit_norm_linear), ("attn.qk_post", qk_post),
-                            ("attn.kernel", kernel), ("ffn", ffn), ("merge", merge),
-                            ("logits", logits)):
-            spec.fill(slot, value, by=self.name)
+        spec.fill("placement", no_norm_sites, by=self.name)
+        spec.fill("norm", never_built_norm, by=self.name)
+        spec.fill("linear", unit_norm_linear, by=self.name)
+        spec.fill("attn.qk_post", qk_post, by=self.name)
+        spec.fill("attn.kernel", kernel, by=self.name)
+        spec.fill("ffn", ffn, by=self.name)
+        spec.fill("merge", merge, by=self.name)
+        spec.fill("logits", logits, by=self.name)
 
     @torch.no_grad()
     def post_init(self, model: nn.Module) -> None:

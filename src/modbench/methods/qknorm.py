@@ -22,7 +22,6 @@ KV heads. The fast SDPA path is unchanged. Slots: ``attn.q_norm`` and ``attn.k_n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -62,12 +61,12 @@ class QKNorm(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         scope = option_choice(self.name, "scope", self.opts.scope, ("head", "full"))
 
-        def q_norm(c: Any, layer: int) -> nn.Module:
+        def q_norm(c: ModelConfig, layer: int) -> nn.Module:
             if scope == "head":
                 return RMSNorm(c.head_dim, c.norm_eps)
             return FullProjectionNorm(c.n_heads, c.head_dim, c.norm_eps)
 
-        def k_norm(c: Any, layer: int) -> nn.Module:
+        def k_norm(c: ModelConfig, layer: int) -> nn.Module:
             if scope == "head":
                 return RMSNorm(c.head_dim, c.norm_eps)
             return FullProjectionNorm(c.n_kv_heads, c.head_dim, c.norm_eps)

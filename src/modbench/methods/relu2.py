@@ -24,7 +24,6 @@ Choices of our own: h = ceil(3 d_ff / 2) when d_ff is odd; linear roles ``up`` a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -32,12 +31,12 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import Builder, ModelSpec
 from modbench.model.stream import ForwardContext
 
 
 class ReLU2FFN(nn.Module):
-    def __init__(self, cfg: Any, build: Any, layer: int, hidden: int) -> None:
+    def __init__(self, cfg: ModelConfig, build: Builder, layer: int, hidden: int) -> None:
         super().__init__()
         self.up_proj = build.linear("up", cfg.d_model, hidden, layer)
         self.down_proj = build.linear("down", hidden, cfg.d_model, layer)
@@ -66,7 +65,7 @@ class ReLU2(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         h = self.hidden(cfg)
 
-        def factory(c: Any, build: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, build: Builder, layer: int) -> nn.Module:
             return ReLU2FFN(c, build, layer, h)
 
         spec.fill("ffn", factory, by=self.name)

@@ -35,7 +35,6 @@ Choices of our own / adaptations:
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +83,7 @@ class SelectiveAttention(Method):
     summary = "Head 0's ReLU logits, accumulated over later queries, are subtracted as a mask."
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return SelectiveKernel()
 
         spec.fill("attn.kernel", factory, by=self.name)

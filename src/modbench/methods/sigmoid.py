@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -79,7 +78,7 @@ class SigmoidAttention(Method):
         n = self.opts.n if self.opts.n is not None else cfg.max_seq_len
         learnable = self.opts.learnable_bias
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return SigmoidKernel(n, learnable)
 
         spec.fill("attn.kernel", factory, by=self.name)

@@ -142,7 +142,7 @@ class SoftmaxCap(Method):
             raise ModbenchError(f"option cap={cap} of method 'softcap' must be positive")
         kernel = SoftCapKernel if form == "soft" else HardCapKernel
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return kernel(cap)
 
         spec.fill("attn.kernel", factory, by=self.name)

@@ -29,8 +29,6 @@ path is used on every device (SDPA and FlexAttention always normalise with a sof
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -69,7 +67,7 @@ class Softpick(Method):
     summary = "Rectified softmax ReLU(e^x - 1) / sum|e^x - 1|: exact zeros, no sink."
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return SoftpickKernel()
 
         spec.fill("attn.kernel", factory, by=self.name)

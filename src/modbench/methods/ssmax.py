@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -81,7 +80,7 @@ class SSMax(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         init = self.init_value(cfg)
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return SSMaxQuery(c.n_heads, init)
 
         spec.fill("attn.qk_post", factory, by=self.name)

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +90,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, option_choice, parse_methods, register
 from modbench.methods.basic_norms import LayerNorm
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import Builder, ModelSpec
 from modbench.model.stream import ForwardContext
 
 ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
@@ -209,7 +208,7 @@ class TokenFormer(Method):
                                   key_std, value_std)
             return nn.Linear(d_in, d_out, bias=False)
 
-        def ffn(c: Any, build: Any, layer: int) -> nn.Module:
+        def ffn(c: ModelConfig, build: Builder, layer: int) -> nn.Module:
             return PattentionFFN(Pattention(c.d_model, c.d_model, r.ffn_slots, r.activation,
                                             r.ffn_norm_slots, key_std, value_std))
 

@@ -27,7 +27,6 @@ path is unchanged. Slot: ``attn.v_path``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -91,7 +90,7 @@ class ValueResidual(Method):
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         init, learnable = float(self.opts.init), self.opts.learnable
 
-        def factory(c: Any, layer: int) -> nn.Module:
+        def factory(c: ModelConfig, layer: int) -> nn.Module:
             return StoreFirstValues() if layer == 0 else MixFirstValues(init, learnable)
 
         spec.fill("attn.v_path", factory, by=self.name)

@@ -16,13 +16,14 @@ Data flow of :class:`Attention` (shapes ``B`` batch, ``T`` time, ``H``/``H_kv`` 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modbench.config import ModelConfig
 from modbench.model.rope import apply_rope
+from modbench.model.spec import Builder
 from modbench.model.stream import ForwardContext
 
 
@@ -105,14 +106,14 @@ class ExplicitKernel(nn.Module):
         return torch.matmul(w.to(v.dtype), v)
 
 
-def sdpa_kernel_factory(cfg: Any, layer: int) -> nn.Module:
+def sdpa_kernel_factory(cfg: ModelConfig, layer: int) -> nn.Module:
     return SDPAKernel()
 
 
 class Attention(nn.Module):
     """Multi-head causal self-attention with GQA and RoPE; every variable piece is a slot."""
 
-    def __init__(self, cfg: Any, build: Any, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, build: Builder, layer: int) -> None:
         super().__init__()
         d, h, h_kv, d_h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = h, h_kv, d_h
@@ -141,5 +142,5 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
-def attention_factory(cfg: Any, build: Any, layer: int) -> nn.Module:
+def attention_factory(cfg: ModelConfig, build: Builder, layer: int) -> nn.Module:
     return Attention(cfg, build, layer)

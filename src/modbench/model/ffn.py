@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from modbench.config import ModelConfig
+from modbench.model.spec import Builder
 from modbench.model.stream import ForwardContext
 
 
 class GatedFFN(nn.Module):
     """``FFN(x) = W_down(act(W_gate x) * W_up x)``; ``act`` fills slot ``ffn.act`` (SiLU)."""
 
-    def __init__(self, cfg: Any, build: Any, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, build: Builder, layer: int) -> None:
         super().__init__()
         self.gate_proj = build.linear("gate", cfg.d_model, cfg.d_ff, layer)
         self.up_proj = build.linear("up", cfg.d_model, cfg.d_ff, layer)
@@ -24,5 +24,5 @@ class GatedFFN(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-def gated_ffn_factory(cfg: Any, build: Any, layer: int) -> nn.Module:
+def gated_ffn_factory(cfg: ModelConfig, build: Builder, layer: int) -> nn.Module:
     return GatedFFN(cfg, build, layer)

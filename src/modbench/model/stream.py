@@ -42,7 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.model.spec import ModelSpec
 
 SUBLAYER_ORDER = ("attn", "ffn")
 
@@ -99,7 +101,7 @@ class AddMerge(nn.Module):
         return x + out
 
 
-def add_merge_factory(cfg: Any, layer: int, sublayer: str) -> nn.Module:
+def add_merge_factory(cfg: ModelConfig, layer: int, sublayer: str) -> nn.Module:
     return AddMerge()
 
 
@@ -154,7 +156,7 @@ class AdditiveStream(Stream):
         return state.x
 
 
-def additive_stream_factory(cfg: Any) -> nn.Module:
+def additive_stream_factory(cfg: ModelConfig) -> nn.Module:
     return AdditiveStream()
 
 
@@ -177,11 +179,11 @@ class StreamMerge(nn.Module):
         return f"merged by the {self.owner} stream"
 
 
-def claim_merge(spec: Any, by: str) -> None:
+def claim_merge(spec: ModelSpec, by: str) -> None:
     """Fill the ``merge`` slot for a stream that replaces the additive merge, so that any
     method filling it too (LayerScale, DeepNorm, LAUREL, nGPT) is refused, in either order."""
 
-    def factory(cfg: Any, layer: int, sublayer: str) -> nn.Module:
+    def factory(cfg: ModelConfig, layer: int, sublayer: str) -> nn.Module:
         return StreamMerge(by)
 
     spec.fill("merge", factory, by=by, key=("stream-owned merge", by))

@@ -1,13 +1,12 @@
 """The shared decoder: embedding, blocks of two sublayers, final norm, LM head.
 
 The block reads top to bottom with no branches on methods; everything that varies is a
-module in a fixed slot (see :mod:`modbench.model.spec`).
+module in a fixed slot (see :mod:`modbench.model.spec`). The built model keeps the
+:class:`~modbench.model.spec.Parts` index of its linear layers and norm sites as
+``model.parts`` (a plain attribute, not a submodule).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,7 @@ from modbench.model.attention import attention_factory, sdpa_kernel_factory
 from modbench.model.ffn import gated_ffn_factory
 from modbench.model.norms import pre_norm_placement, rmsnorm_factory
 from modbench.model.rope import rope_tables
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import Builder, ModelSpec, Parts
 from modbench.model.stream import ForwardContext, add_merge_factory, additive_stream_factory
 
 
@@ -30,46 +29,15 @@ def plain_linear(role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
 def baseline_spec() -> ModelSpec:
     """A spec filled with the Llama-2 defaults; methods then edit it."""
     spec = ModelSpec()
-    for slot, value in {
-        "norm": rmsnorm_factory,
-        "placement": pre_norm_placement,
-        "linear": plain_linear,
-        "attn.kernel": sdpa_kernel_factory,
-        "attn": attention_factory,
-        "ffn": gated_ffn_factory,
-        "merge": add_merge_factory,
-        "stream": additive_stream_factory,
-    }.items():
-        spec.fill(slot, value, by="baseline")
+    spec.fill("norm", rmsnorm_factory, by="baseline")
+    spec.fill("placement", pre_norm_placement, by="baseline")
+    spec.fill("linear", plain_linear, by="baseline")
+    spec.fill("attn.kernel", sdpa_kernel_factory, by="baseline")
+    spec.fill("attn", attention_factory, by="baseline")
+    spec.fill("ffn", gated_ffn_factory, by="baseline")
+    spec.fill("merge", add_merge_factory, by="baseline")
+    spec.fill("stream", additive_stream_factory, by="baseline")
     return spec
-
-
-class Builder:
-    """What the cores see of the spec: ready-made parts for a given model config."""
-
-    def __init__(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        self.spec, self.cfg = spec, cfg
-
-    def linear(self, role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
-        m = self.spec.get("linear")(role, d_in, d_out, layer)
-        for wrap in self.spec.wrappers("linear_wrappers"):
-            m = wrap(m, role, d_in, d_out, layer, self.cfg)
-        return m
-
-    def norm(self, site: str, layer: int, dim: int | None = None) -> nn.Module:
-        dim = self.cfg.d_model if dim is None else dim
-        present = self.spec.get("placement")(site, layer, self.cfg.n_layers)
-        m = self.spec.get("norm")(dim, self.cfg.norm_eps, site, layer) if present else nn.Identity()
-        for wrap in self.spec.wrappers("norm_wrappers"):
-            m = wrap(m, site, layer, self.cfg)
-        return m
-
-    def slot(self, slot: str, *args: Any) -> Any:
-        return self.spec.get(slot)(*args)
-
-    def optional(self, slot: str, default: Callable[[], nn.Module], *args: Any) -> nn.Module:
-        """The slot's component if a method filled it, else ``default()`` (a pass-through)."""
-        return self.spec.get(slot)(*args) if slot in self.spec.fills else default()
 
 
 class Sublayer(nn.Module):
@@ -110,6 +78,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg, self.spec = cfg, spec
         build = Builder(spec, cfg)
+        # linear layers by (role, layer), norm sites by (site, layer), as built; a plain
+        # attribute, so parameters and state-dict keys are those of the modules below
+        self.parts: Parts = build.parts
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_norm = build.norm("embed", -1)
         self.stream = build.slot("stream", cfg)
