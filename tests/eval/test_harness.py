@@ -20,7 +20,8 @@ from modbench.eval.run import load_run
 from modbench.methods import load_all
 from modbench.methods.build import build_model
 from modbench.runtime.checkpoint import save_checkpoint
-from modbench.train.trainer import open_data, train
+from modbench.runtime.data import open_data
+from modbench.train.trainer import train
 from tests.helpers import tiny
 
 MC = [

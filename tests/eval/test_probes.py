@@ -26,8 +26,10 @@ from modbench.eval.probes import (
 )
 from modbench.eval.run import evaluate_run
 from modbench.methods.build import build_model
+from modbench.runtime.data import open_data
 from modbench.runtime.loss import lm_loss
-from modbench.train.trainer import open_data, train
+from modbench.runtime.runfolder import PROBES
+from modbench.train.trainer import train
 from tests.helpers import read_metrics, tiny
 
 V, T = 512, 64
@@ -130,7 +132,9 @@ def test_cloze_reads_a_bounded_prefix_of_the_validation_split() -> None:
             return ds.val_batches(limit, batch_size)
 
     cfg = tiny()
-    sets = {ps.name: ps for ps in probe_sets(cfg, Spy(), 10)}
+    made = probe_sets(cfg, Spy(), 10)
+    assert tuple(ps.name for ps in made) == PROBES  # the names reports and metrics use
+    sets = {ps.name: ps for ps in made}
     assert asked == [CLOZE_ROWS]
     probe_sets(cfg, Spy(), 1000)
     assert asked[-1] == 8000
