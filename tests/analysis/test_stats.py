@@ -399,20 +399,46 @@ def test_bootstrap_difference_orientation_and_degenerate() -> None:
 # ---------------------------------------------------------------- compare and verdicts
 
 
+def prediction_reference(score: float, base: list[float], higher_is_better: bool = True
+                         ) -> tuple[float, float, float]:
+    """The prediction-interval t test of one seed against the baseline's seeds, from scratch:
+    (t, df, two-sided p), t signed so that positive = better."""
+    b = np.asarray(base, dtype=float)
+    sign = 1.0 if higher_is_better else -1.0
+    t = sign * (score - b.mean()) / (b.std(ddof=1) * math.sqrt(1 + 1 / b.size))
+    df = b.size - 1
+    return t, df, 2 * scipy_stats.t.sf(abs(t), df)
+
+
 def test_compare_seed_like_table() -> None:
     res = S.compare(TABLE, n_resamples=2000, seed=1)
     assert [r.method for r in res] == list(TABLE)
     r = by_name(res)
     floor = S.noise_floor(BASE)
     assert r["baseline"].verdict == Verdict.BASELINE and r["baseline"].z == 0.0
-    assert math.isnan(r["baseline"].p)
-    # z, p per method
+    assert math.isnan(r["baseline"].p) and r["baseline"].test == "none"
+    assert not r["baseline"].fewer_seeds
+    # z (descriptive) per method
     for name in ("softpick", "relu2", "sigmoid"):
         mean = np.mean(TABLE[name])  # type: ignore[arg-type]
-        z = (mean - floor.mean) / floor.sigma
-        assert r[name].z == pytest.approx(z)
-        assert r[name].p == pytest.approx(2 * scipy_stats.norm.sf(abs(z)), rel=1e-9, abs=1e-300)
+        assert r[name].z == pytest.approx((mean - floor.mean) / floor.sigma)
         assert r[name].delta == pytest.approx(mean - floor.mean)
+    # one seed: the prediction test, t reference with n_b - 1 = 2 df
+    for name in ("relu2", "sigmoid", "geglu"):
+        t, df, p = prediction_reference(TABLE[name][0], BASE)  # type: ignore[index]
+        assert r[name].test == "prediction" and r[name].df == df
+        assert r[name].t == pytest.approx(t, rel=1e-12)
+        assert r[name].p == pytest.approx(p, rel=1e-9, abs=1e-300)
+        assert r[name].fewer_seeds
+    # three seeds: Welch's t against the baseline's seeds
+    for name in ("softpick", "qknorm"):
+        ref = scipy_stats.ttest_ind(TABLE[name], BASE, equal_var=False)
+        assert r[name].test == "welch" and not r[name].fewer_seeds
+        assert r[name].t == pytest.approx(ref.statistic, rel=1e-12)
+        assert r[name].df == pytest.approx(ref.df, rel=1e-12)
+        assert r[name].p == pytest.approx(ref.pvalue, rel=1e-9)
+        assert r[name].welch is not None and r[name].welch.p == pytest.approx(ref.pvalue)
+    assert r["relu2"].welch is None
     # family: non-baseline, non-diverged -> 7 tests
     family = [n for n in TABLE if n not in ("baseline", "hybridnorm")]
     pv = np.array([r[n].p for n in family])
@@ -420,32 +446,33 @@ def test_compare_seed_like_table() -> None:
         rej, padj, _, _ = multitest.multipletests(pv, alpha=0.05, method=theirs)
         np.testing.assert_allclose([r[n].p_adjusted[ours] for n in family], padj)
         assert [r[n].significant[ours] for n in family] == list(rej)
-    # Welch where both sides have >= 2 seeds
-    ref = scipy_stats.ttest_ind(SOFTPICK, BASE, equal_var=False)
-    assert r["softpick"].welch is not None
-    assert r["softpick"].welch.p == pytest.approx(ref.pvalue)
-    assert r["relu2"].welch is None
-    # verdicts
+    # verdicts (Holm by default)
     assert r["softpick"].verdict == Verdict.IMPROVER
     assert r["sigmoid"].verdict == Verdict.DEGRADER
     assert r["geglu"].verdict == Verdict.WITHIN_NOISE
+    # relu2 is 4.1 sigma above the baseline: "significant" under the old normal z, not with
+    # one seed against a sigma known to 2 degrees of freedom
+    assert r["relu2"].z > 4 and r["relu2"].verdict == Verdict.WITHIN_NOISE
     assert r["hybridnorm"].verdict == Verdict.DIVERGED and r["hybridnorm"].n == 0
     assert math.isnan(r["hybridnorm"].p_adjusted["bonferroni"])
     assert r["softpick"].ci_delta[0] > 0 and r["softpick"].prob_not_better == 0.0
-    assert r["sigmoid"].to_dict()["verdict"] == "degrader"
+    d = r["sigmoid"].to_dict()
+    assert d["verdict"] == "degrader" and d["test"] == "prediction" and d["fewer_seeds"]
+    assert d["floor"]["df"] == 2
     # deterministic
     again = by_name(S.compare(TABLE, n_resamples=2000, seed=1))
     assert again["geglu"].ci_delta == r["geglu"].ci_delta
 
 
 def test_compare_verdict_rule_and_threshold() -> None:
-    base = [0.0, 1.0, 2.0]  # mean 1, sigma 1
+    base = [0.0, 1.0, 2.0]  # mean 1, sigma 1, 2 df
     m = 4  # non-baseline methods
-    thr = S.decision_threshold(1.0, m)
-    assert thr == pytest.approx(scipy_stats.norm.isf(0.05 / (2 * m)))
+    thr = S.decision_threshold(1.0, m, n_baseline=3)
+    assert thr == pytest.approx(scipy_stats.t.isf(0.05 / (2 * m), 2) * math.sqrt(1 + 1 / 3))
     table = {"baseline": base, "just_in": [1 + thr * 1.001], "just_out": [1 + thr * 0.999],
              "down": [1 - thr * 1.01], "flat": [1.0]}
-    r = by_name(S.compare(table, n_resamples=200))
+    # the threshold is Bonferroni's (Holm's strictest step): exact for Bonferroni
+    r = by_name(S.compare(table, correction="bonferroni", n_resamples=200))
     assert r["just_in"].verdict == Verdict.IMPROVER
     assert r["just_out"].verdict == Verdict.WITHIN_NOISE
     assert r["down"].verdict == Verdict.DEGRADER
@@ -454,14 +481,87 @@ def test_compare_verdict_rule_and_threshold() -> None:
     # 2 sigma
     one = by_name(S.compare({"baseline": base, "m": [2.5]}, alpha=0.5, floor_sigmas=2.0,
                             n_resamples=200))
-    assert one["m"].significant["bonferroni"] and one["m"].verdict == Verdict.WITHIN_NOISE
-    # correction choice changes the verdict: holm vs bonferroni
-    table2 = {"baseline": base, "a": [1 + 2.7], "b": [1 + 2.3], "c": [1 + 0.2]}
-    bon = by_name(S.compare(table2, n_resamples=200))
+    assert one["m"].significant["holm"] and one["m"].verdict == Verdict.WITHIN_NOISE
+    # correction choice changes the verdict: holm (the default) vs bonferroni. The fixture's
+    # p-values, from scratch: a below alpha/3, b between alpha/3 and alpha/2, c far above.
+    table2 = {"baseline": base, "a": [1 + 10.0], "b": [1 + 7.5], "c": [1 + 0.2]}
+    p = {k: prediction_reference(v[0], base)[2] for k, v in table2.items() if k != "baseline"}
+    assert p["a"] < 0.05 / 3 < p["b"] <= 0.05 / 2 and p["c"] > 0.05
+    default = by_name(S.compare(table2, n_resamples=200))
+    bon = by_name(S.compare(table2, correction="bonferroni", n_resamples=200))
     holm = by_name(S.compare(table2, correction="holm", n_resamples=200))
     none = by_name(S.compare(table2, correction="none", n_resamples=200))
     assert bon["b"].verdict == Verdict.WITHIN_NOISE and holm["b"].verdict == Verdict.IMPROVER
+    assert default["b"].verdict == Verdict.IMPROVER  # Holm is the default
+    assert bon["a"].verdict == holm["a"].verdict == Verdict.IMPROVER
     assert none["b"].verdict == Verdict.IMPROVER and none["c"].verdict == Verdict.WITHIN_NOISE
+    # n_baseline=None: sigma taken as exact, the old normal threshold
+    assert S.decision_threshold(1.0, m) == pytest.approx(scipy_stats.norm.isf(0.05 / (2 * m)))
+    # n seeds: the interval of a mean of n seeds; "none": no correction; undefined sigma
+    thr3 = S.decision_threshold(2.0, m, n=3, n_baseline=3, correction="none")
+    assert thr3 == pytest.approx(2.0 * scipy_stats.t.isf(0.025, 2) * math.sqrt(2 / 3))
+    assert S.decision_threshold(1.0, m, n=3, n_baseline=3, df=6) == pytest.approx(
+        scipy_stats.t.isf(0.05 / (2 * m), 6) * math.sqrt(2 / 3))
+    assert S.decision_threshold(0.1, 1, n=50, n_baseline=50, floor_sigmas=1.0) == 0.1
+    assert math.isnan(S.decision_threshold(math.nan, m, n_baseline=3))
+
+
+def test_prediction_test_matches_scipy_t_reference() -> None:
+    """One seed against n_b baseline seeds: t = improvement / (s_b sqrt(1 + 1/n_b)), n_b - 1
+    df, for several baseline sizes and both orientations, through method_test and compare."""
+    rng = np.random.default_rng(12)
+    for n_b in (2, 3, 5, 8):
+        base = list(rng.normal(2.5, 0.02, n_b))
+        for hib in (True, False):
+            floor = S.noise_floor(base, higher_is_better=hib)
+            for score in (2.5, 2.53, 2.41, 2.5 + 0.2 * rng.standard_normal()):
+                t, df, p = prediction_reference(score, base, hib)
+                got = S.method_test([score], floor)
+                assert got.test == "prediction" and got.df == df == floor.df
+                assert got.t == pytest.approx(t, rel=1e-12)
+                assert got.p == pytest.approx(p, rel=1e-9, abs=1e-300)
+                assert got.p == pytest.approx(
+                    2 * scipy_stats.t.sf(abs(t), df), rel=1e-9, abs=1e-300)
+            # the prediction interval: a seed exactly at its 95 % edge has p = 0.05
+            b = np.asarray(base)
+            edge = b.mean() + scipy_stats.t.isf(0.025, n_b - 1) * b.std(ddof=1) * math.sqrt(
+                1 + 1 / n_b)
+            assert S.method_test([edge], floor).p == pytest.approx(0.05, rel=1e-9)
+
+
+def test_welch_in_compare_matches_scipy_and_orientation() -> None:
+    base = [2.489, 2.492, 2.486]
+    meth = [2.4771, 2.4790, 2.4760, 2.4801]
+    ref = scipy_stats.ttest_ind(meth, base, equal_var=False)
+    for hib, sign in ((True, 1.0), (False, -1.0)):
+        r = by_name(S.compare({"baseline": base, "m": meth}, higher_is_better=hib,
+                              n_resamples=50))["m"]
+        assert r.test == "welch" and not r.fewer_seeds and r.n == 4
+        assert r.t == pytest.approx(sign * ref.statistic, rel=1e-12)
+        assert r.df == pytest.approx(ref.df, rel=1e-12)
+        assert r.p == pytest.approx(ref.pvalue, rel=1e-9)
+        assert r.welch is not None and r.welch.t == pytest.approx(ref.statistic)  # raw sign
+    # two seeds (fewer than the baseline's three) still get Welch, flagged as fewer seeds
+    two = by_name(S.compare({"baseline": base, "m": meth[:2]}, n_resamples=50))["m"]
+    ref2 = scipy_stats.ttest_ind(meth[:2], base, equal_var=False)
+    assert two.test == "welch" and two.fewer_seeds
+    assert two.p == pytest.approx(ref2.pvalue, rel=1e-9)
+
+
+def test_method_test_edges() -> None:
+    floor = S.noise_floor(BASE)
+    assert S.method_test([], floor).test == "none"
+    assert math.isnan(S.method_test([None], floor).p)
+    assert S.method_test([0.5], S.noise_floor([0.48])).test == "none"  # no floor
+    with pytest.raises(ValueError):
+        S.method_test([0.49, 0.5], floor)  # Welch needs the baseline's seeds
+    zero = S.noise_floor([0.5, 0.5, 0.5], higher_is_better=False)
+    up = S.method_test([0.4], zero)  # lower is better: an improvement, sigma = 0
+    assert up.t == math.inf and up.p == 0.0
+    assert S.method_test([0.5], zero).p == 1.0
+    both = S.method_test([0.6, 0.6], zero, [0.5, 0.5, 0.5])
+    assert both.test == "welch" and both.t == -math.inf and both.p == 0.0
+    assert math.isnan(both.df)
 
 
 def test_compare_lower_is_better_and_sigma_choices() -> None:
@@ -475,20 +575,32 @@ def test_compare_lower_is_better_and_sigma_choices() -> None:
                                sigma="pooled", n_resamples=100))
     sig = S.pooled_std([table["baseline"], table["qk"], table["sp"]])
     assert pooled["qk"].floor.sigma == pytest.approx(sig)
+    assert pooled["qk"].floor.df == 6  # 2 + 2 + 2
     assert pooled["qk"].z == pytest.approx(
         -(np.mean(table["qk"]) - np.mean(table["baseline"])) / sig)
+    # the prediction test with a pooled floor: that sigma, the pooled df, n_b of the baseline
+    t = -(2.5630 - np.mean(table["baseline"])) / (sig * math.sqrt(1 + 1 / 3))
+    assert pooled["ssmax"].t == pytest.approx(t) and pooled["ssmax"].df == 6
+    assert pooled["ssmax"].p == pytest.approx(2 * scipy_stats.t.sf(abs(t), 6), rel=1e-9)
     mx = by_name(S.compare(table, references=["qk", "sp"], sigma="max", n_resamples=100))
-    assert mx["sp"].floor.sigma == pytest.approx(
-        max(np.std(table[k], ddof=1) for k in ("baseline", "qk", "sp")))
+    sx = max(np.std(table[k], ddof=1) for k in ("baseline", "qk", "sp"))
+    assert mx["sp"].floor.sigma == pytest.approx(sx) and mx["sp"].floor.df == 6
+    t = (2.5630 - np.mean(table["baseline"])) / (sx * math.sqrt(1 + 1 / 3))
+    assert mx["ssmax"].p == pytest.approx(2 * scipy_stats.t.sf(abs(t), 6), rel=1e-9)
+    assert S.noise_floor(table["baseline"]).df == 2
+    assert math.isnan(S.noise_floor([2.5]).df)
 
 
 def test_compare_identical_baseline_seeds() -> None:
     table = {"baseline": [0.5, 0.5, 0.5], "up": [0.51], "same": [0.5], "twin": [0.5, 0.5]}
     r = by_name(S.compare(table, n_resamples=100))
     assert r["up"].z == math.inf and r["up"].p == 0.0 and r["up"].verdict == Verdict.IMPROVER
-    assert r["same"].z == 0.0 and r["same"].p == 1.0
+    assert r["up"].test == "prediction" and r["up"].t == math.inf
+    assert r["same"].z == 0.0 and r["same"].p == 1.0 and r["same"].t == 0.0
     assert r["same"].verdict == Verdict.WITHIN_NOISE
+    # both groups constant: welch_t keeps p NaN; compare applies the sigma = 0 rule (p = 1)
     assert r["twin"].welch is not None and math.isnan(r["twin"].welch.p)
+    assert r["twin"].test == "welch" and r["twin"].p == 1.0
     assert r["twin"].verdict == Verdict.WITHIN_NOISE
 
 
@@ -498,6 +610,7 @@ def test_compare_one_seed_baseline_is_undetermined() -> None:
     assert not r["a"].floor.defined
     assert r["a"].verdict == r["b"].verdict == Verdict.UNDETERMINED
     assert math.isnan(r["a"].z) and math.isnan(r["a"].p_adjusted["holm"])
+    assert r["a"].test == r["b"].test == "none" and math.isnan(r["a"].t)
     assert r["a"].delta == pytest.approx(0.12)  # delta still reported
     assert r["baseline"].verdict == Verdict.BASELINE
     assert r["b"].welch is None  # baseline has one seed
@@ -564,13 +677,13 @@ def test_decide_directly() -> None:
 
 
 def test_undecided_straddling_intervals() -> None:
-    base = [0.0, 1.0, 2.0]  # mean 1, sigma 1
+    base = [0.0, 1.0, 2.0]  # mean 1, sigma 1, 2 df
     floor = S.noise_floor(base)
     table = {
         "baseline": base,
         "clear_up": [10.0, 10.1],  # far above
-        "clear_flat": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],  # interval ±0.65 around 0
-        "edge": [1 + 3.0],  # interval 3 ± 1.96 contains thr = 3
+        "clear_flat": [1.0] * 9,  # interval ±2.87 around 0
+        "edge": [1 + 3.0],  # interval 3 ± 4.97 contains thr = 3
         "edge_down": [1 - 2.8, 1 - 3.2],
         "capped": [1 + 3.0, 1 + 3.0, 1 + 3.0],
         "div": None,
@@ -579,19 +692,42 @@ def test_undecided_straddling_intervals() -> None:
     reqs = S.undecided(table, floor, threshold=3.0, max_seeds=3)
     got = {r.method: r for r in reqs}
     assert list(got) == ["edge", "edge_down", "capped", "nodata"]
-    z = scipy_stats.norm.isf(0.025)
-    assert got["edge"].interval == pytest.approx((3.0 - z, 3.0 + z))
-    half = z / math.sqrt(2)
-    assert got["edge_down"].interval == pytest.approx((-3 - half, -3 + half))
+    q = scipy_stats.t.isf(0.025, 2)  # t reference, n_b - 1 = 2 df
+
+    def half(n: int) -> float:
+        return q * math.sqrt(1 / n + 1 / 3)
+
+    assert got["edge"].interval == pytest.approx((3.0 - half(1), 3.0 + half(1)))
+    assert got["edge_down"].interval == pytest.approx((-3 - half(2), -3 + half(2)))
+    assert half(9) < 3.0  # clear_flat's interval stays inside ±3
     assert got["capped"].capped and not got["edge"].capped
     assert got["nodata"].reason == "no_data" and got["edge"].reason == "straddles"
-    # default threshold = Bonferroni decision threshold over the 6 live methods
-    default = S.undecided(table, floor)
-    assert default[0].threshold == pytest.approx(S.decision_threshold(1.0, 6))
+    # default threshold: each method's own decision threshold (Holm/Bonferroni over the 6 live
+    # methods, its n, the baseline's n and df)
+    default = {r.method: r for r in S.undecided(table, floor)}
+    assert list(default) == ["clear_up", "nodata"]  # far thresholds at 2 df: 9.95 for n = 2
+    for name, n in (("clear_up", 2), ("nodata", 1)):  # no data: the one-seed threshold
+        want = scipy_stats.t.isf(0.05 / 12, 2) * math.sqrt(1 / n + 1 / 3)
+        assert default[name].threshold == pytest.approx(want)
+        assert default[name].threshold == pytest.approx(
+            S.decision_threshold(1.0, 6, n=n, n_baseline=3))
     # lower is better flips the interval
     lf = S.noise_floor(base, higher_is_better=False)
     low = {r.method: r for r in S.undecided({"m": [1 - 3.0]}, lf, threshold=3.0)}
     assert low["m"].interval[0] < 3.0 < low["m"].interval[1]
+
+
+def test_undecided_follows_the_verdict() -> None:
+    """A one-seed method is undecided exactly when its prediction-test verdict could still
+    change: here, in a family of 3, 5 sigma above a 3-seed baseline is not yet an improver (and
+    listed), 20 sigma is (and not listed), 0 sigma is settled within the noise."""
+    base = [3.0, 3.1, 2.9]  # sigma 0.1
+    table = {"baseline": base, "five": [3.5], "twenty": [5.0], "flat": [3.0]}
+    floor = S.noise_floor(base)
+    res = by_name(S.compare(table, n_resamples=50))
+    assert res["five"].verdict == Verdict.WITHIN_NOISE and res["twenty"].verdict == "improver"
+    assert res["flat"].verdict == Verdict.WITHIN_NOISE
+    assert [r.method for r in S.undecided(table, floor)] == ["five"]
 
 
 def test_undecided_without_floor_asks_for_baseline_seeds() -> None:

@@ -8,13 +8,19 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
+from modbench.analysis.results import RunRow, StudyResults, compare_scales
 from modbench.cli import run_cli
+from modbench.report.build import budget_warnings, write_report
 from modbench.runtime.runfolder import curves
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
+
+scipy_stats = pytest.importorskip("scipy.stats")
+multitest = pytest.importorskip("statsmodels.stats.multitest")
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +47,47 @@ def test_report_files_and_numbers(study: Path, capsys: pytest.CaptureFixture[str
     assert "data:image/png;base64," in (rep / "report.html").read_text()
     rows = list(csv.DictReader((rep / "results.csv").open()))
     assert len(rows) == 6  # baseline x3, qknorm, post_ln, layerscale
+    assert {r["steps"] for r in rows} == {r["steps_planned"] for r in rows} == {"6"}
     base = [float(r["val_loss"]) for r in rows if r["method"] == "baseline"]
     sigma, mean = statistics.stdev(base), statistics.fmean(base)
     res = {r["method"]: r for r in json.loads((rep / "results.json").read_text())["tiny"]}
-    for m in ("qknorm", "post_ln", "layerscale"):
+    methods = ("qknorm", "post_ln", "layerscale")
+    ps = []
+    for m in methods:
         (v,) = [float(r["val_loss"]) for r in rows if r["method"] == m]
         z = -(v - mean) / sigma  # lower loss is better: positive z = better
         assert res[m]["z"] == pytest.approx(z, rel=1e-9)
-        p = math.erfc(abs(z) / math.sqrt(2))
+        # one seed: the prediction test, t reference with 3 - 1 = 2 df
+        t = z / math.sqrt(1 + 1 / 3)
+        p = 2 * scipy_stats.t.sf(abs(t), 2)
+        assert res[m]["test"] == "prediction" and res[m]["df"] == 2 and res[m]["fewer_seeds"]
+        assert res[m]["t"] == pytest.approx(t, rel=1e-9)
         assert res[m]["p"] == pytest.approx(p, rel=1e-6, abs=1e-300)
         assert res[m]["p_adjusted"]["bonferroni"] == pytest.approx(min(1.0, 3 * p), rel=1e-6,
                                                                     abs=1e-300)
+        ps.append(p)
+    holm = multitest.multipletests(ps, method="holm")[1]
+    for m, h in zip(methods, holm, strict=True):
+        assert res[m]["p_adjusted"]["holm"] == pytest.approx(h, rel=1e-6, abs=1e-300)
     md = (rep / "report.md").read_text()
-    assert f"σ = {sigma:.4f}" in md
-    assert "| `qknorm` | 1 |" in md and "No run diverged." in md
+    assert f"σ = {sigma:.4f} over 3 seeds (2 degrees of freedom" in md
+    tokens = {json.loads(p.read_text())["tokens"] for p in (study / "runs").glob("*/summary.json")}
+    assert len(tokens) == 1
+    row = next(line for line in md.splitlines() if line.startswith("| `qknorm` |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["1 (fewer than baseline)", "6", f"{tokens.pop() / 1e3:.3g}k"]
+    assert cells[7] == "prediction" and cells[8].endswith("(2)")
+    assert cells[13].endswith(" †")  # the verdict, marked: fewer seeds than the baseline
+    header = next(line for line in md.splitlines() if line.startswith("| method |"))
+    assert "| seeds | steps | tokens |" in header and "| test | t (df) | p |" in header
+    assert "No run diverged." in md
+    # the warnings come first: 1-seed methods, 6 steps (few tokens per parameter)
+    head = md.split("## Methods against the baseline")[0]
+    assert head.index("## Warnings") < head.index("Verdict rule")
+    assert "1 seed for `layerscale`, `post_ln`, `qknorm`" in head
+    assert "tokens per parameter" in head
+    assert "Holm-corrected p ≤ α = 0.05" in head and "|Δ| > 1σ" in head
+    assert "<li>" in (rep / "report.html").read_text()
 
 
 def test_probe_curves_follow_the_validation_records(study: Path) -> None:
@@ -87,3 +120,84 @@ def test_divergence_table(tmp_path: Path) -> None:
 
 def test_report_of_a_non_study(tmp_path: Path) -> None:
     assert run_cli(["study", "report", str(tmp_path)]) == 2
+
+
+# ------------------------------------------------------------------ warnings on a study by hand
+
+
+def fake_results(tmp: Path, seeds: dict[str, int], *, last_drop: float = 0.001,
+                 steps: int = 1000, planned: int = 1000, tokens: int = 10**8,
+                 extra: list[RunRow] | None = None) -> StudyResults:
+    """A study written by hand: ``seeds[method]`` runs per method at scale "tiny", val_loss
+    around 3.0, each run folder with a metrics.jsonl whose validation loss falls 10 → 3.1 →
+    3.1 (1 - last_drop) over steps 0, steps/2, steps; 1e6 parameters."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for method, n in seeds.items():
+        for seed in range(n):
+            run = tmp / "runs" / f"{method}-{seed}"
+            run.mkdir(parents=True)
+            vals = [10.0, 3.1, 3.1 * (1 - last_drop)]
+            (run / "metrics.jsonl").write_text("".join(
+                json.dumps({"kind": "val", "step": s, "val_loss": v}) + "\n"
+                for s, v in zip((0, steps // 2, steps), vals, strict=True)))
+            rows.append(RunRow(key=f"{method}-{seed}", scale="tiny", method=method, seed=seed,
+                               state="done", status="completed",
+                               val_loss=3.0 + 0.01 * float(rng.standard_normal()),
+                               params=10**6, tokens=tokens, diverged_at_step=None,
+                               run_dir=run, steps=steps, steps_planned=planned))
+    rows += extra or []
+    return StudyResults(name="fake", folder=tmp, baseline="baseline", metric="val_loss",
+                        anchors=[], rows=rows,
+                        comparisons=compare_scales(rows, "baseline", "val_loss", []))
+
+
+def test_no_warnings_with_three_seeds_and_flat_final_losses(tmp_path: Path) -> None:
+    res = fake_results(tmp_path, {"baseline": 3, "a": 3, "b": 3})
+    assert budget_warnings(res) == []
+    md = (write_report(res, tmp_path / "report") / "report.md").read_text()
+    assert "Warnings" not in md and "†" not in md
+    rows = {r["method"]: r for r in res.comparisons["tiny"]}
+    assert rows["a"]["test"] == "welch" and not rows["a"]["fewer_seeds"]
+    line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1:4] == ["3", "1000", "100M"]
+    assert cells[7] == "Welch"
+    assert cells[8] == f"{rows['a']['t']:.3f} ({rows['a']['df']:.3f})"
+
+
+def test_one_seed_methods_warn_and_are_marked(tmp_path: Path) -> None:
+    res = fake_results(tmp_path, {"baseline": 3, "a": 1, "b": 1})
+    (warning,) = budget_warnings(res)
+    assert "Fewer than 3 finite seeds" in warning and "1 seed for `a`, `b`" in warning
+    md = (write_report(res, tmp_path / "report") / "report.md").read_text()
+    assert md.index("## Warnings") < md.index("Verdict rule") < md.index("## Methods")
+    assert "| `a` | 1 (fewer than baseline) |" in md
+    assert "† fewer finite seeds than the baseline (3)" in md
+    # with 2 methods and 2 df, one seed must be ~7.2 sigma away (t quantile, Bonferroni step)
+    thr = scipy_stats.t.isf(0.05 / 4, 2) * math.sqrt(1 + 1 / 3)
+    assert f"more than {thr:.1f}σ" in md
+
+
+def test_short_runs_falling_losses_and_unfinished_runs_warn(tmp_path: Path) -> None:
+    failed = RunRow(key="x", scale="tiny", method="a", seed=9, state="failed", status=None,
+                    val_loss=None, params=None, tokens=None, diverged_at_step=None)
+    res = fake_results(tmp_path, {"baseline": 3, "a": 3}, last_drop=0.05, steps=800,
+                       planned=1000, tokens=10**6, extra=[failed])
+    text = "\n".join(budget_warnings(res))
+    assert "6 finished run(s) stopped before their planned steps" in text
+    assert "`a` seed 0 at tiny (800 of 1000)" in text
+    assert "1 run(s) did not finish (failed: 1)" in text
+    assert "still falling fast" in text and "by more than 1% of its value" in text
+    assert "3 of its runs fell 5.0% over steps 400→800" in text
+    assert "1 tokens per parameter" in text  # 1e6 tokens, 1e6 parameters < 10
+    md = (write_report(res, tmp_path / "report") / "report.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
+    assert "| 800 of 1000 | 1M |" in line
+    # a scale whose baseline never finished: no verdicts there, and a warning says so
+    other = RunRow(key="y", scale="small", method="a", seed=0, state="done",
+                   status="completed", val_loss=2.0, params=10**6, tokens=10**8,
+                   diverged_at_step=None, steps=10, steps_planned=10)
+    res2 = fake_results(tmp_path / "two", {"baseline": 3, "a": 3}, extra=[other])
+    assert list(res2.comparisons) == ["tiny"]
+    assert "at small: no finished `baseline` run" in "\n".join(budget_warnings(res2))

@@ -183,12 +183,12 @@ def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
 
 # A small fake study: the store's rows are written by hand (no training, no run folders).
 FAKE_LOSSES = {("baseline", 0): 3.0, ("baseline", 1): 3.1, ("baseline", 2): 2.9,
-               ("qknorm", 0): 2.5,  # far better than the floor: decided
-               ("post_ln", 0): 3.05,  # within the threshold's reach: straddles, undecided
+               ("qknorm", 0): 1.5,  # 15 sigma better than the floor: decided
+               ("post_ln", 0): 3.5,  # 5 sigma worse, within the threshold's reach: undecided
                ("layerscale", 0): None}  # diverged
 FAKE_TABLE: dict[str, dict[int, float | None]] = {  # what the tables must be, by hand
-    "baseline": {0: 3.0, 1: 3.1, 2: 2.9}, "layerscale": {0: None}, "post_ln": {0: 3.05},
-    "qknorm": {0: 2.5}}
+    "baseline": {0: 3.0, 1: 3.1, 2: 2.9}, "layerscale": {0: None}, "post_ln": {0: 3.5},
+    "qknorm": {0: 1.5}}
 
 
 def fake_study(tmp: Path) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from modbench.analysis.stats import compare
 from modbench.runtime.runfolder import PROBES
@@ -39,6 +39,8 @@ class RunRow:
     task_items: dict[str, list[float]] = field(default_factory=dict)
     climb_avg: float | None = None
     run_dir: Path | None = None  # the run folder (metrics.jsonl for the curves)
+    steps: int | None = None  # steps trained (to the divergence for a diverged run)
+    steps_planned: int | None = None  # the run's train.steps
 
     @classmethod
     def from_record(cls, record: dict[str, Any], run_dir: Path | None = None) -> RunRow:
@@ -59,7 +61,8 @@ class RunRow:
             val_loss=s.get("final_val_loss"), params=s.get("params"), tokens=s.get("tokens"),
             diverged_at_step=s.get("diverged_at_step"),
             last_grad_norms=s.get("last_grad_norms") or [], tasks=tasks, task_items=items,
-            climb_avg=ev.get("climb_avg"), run_dir=run_dir)
+            climb_avg=ev.get("climb_avg"), run_dir=run_dir, steps=s.get("steps"),
+            steps_planned=s.get("steps_planned"))
 
     @property
     def diverged(self) -> bool:
@@ -80,6 +83,12 @@ class RunRow:
 
 
 HIGHER_IS_BETTER = {"val_loss": False}
+
+#: The verdict rule of a study's comparisons (:func:`compare_scales`), which the report states:
+#: Holm over the non-baseline methods of a scale, alpha, and |delta| > FLOOR_SIGMAS * sigma.
+ALPHA: Final = 0.05
+CORRECTION: Final = "holm"
+FLOOR_SIGMAS: Final = 1.0
 
 
 def higher_is_better(metric: str) -> bool:
@@ -106,14 +115,16 @@ def metric_table(rows: list[RunRow], scale: str, metric: str, baseline: str) -> 
 def compare_scales(rows: list[RunRow], baseline: str, metric: str,
                    anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Per scale (in name order), :func:`modbench.analysis.stats.compare` over the methods'
-    seeds, as plain dicts; a scale without a finished baseline run is left out."""
+    seeds (verdict rule: :data:`CORRECTION`, :data:`ALPHA`, :data:`FLOOR_SIGMAS`), as plain
+    dicts; a scale without a finished baseline run is left out."""
     out: dict[str, list[dict[str, Any]]] = {}
     for scale in sorted({r.scale for r in rows}):
         table = metric_table(rows, scale, metric, baseline)
         if baseline not in table:
             continue
         res = compare(table, baseline, higher_is_better=higher_is_better(metric),
-                      references=[a for a in anchors if a in table])
+                      references=[a for a in anchors if a in table], alpha=ALPHA,
+                      correction=CORRECTION, floor_sigmas=FLOOR_SIGMAS)
         out[scale] = [x.to_dict() for x in res]
     return out
 

@@ -1,53 +1,85 @@
 """Statistics for deciding which methods beat the baseline against a multi-seed noise floor.
 
-Implements the protocol of seeds/002_* §3.3 (noise floor), §4-§5 (z-scores, corrections,
-Spearman across scales) and Appendix E.4 (per-task Welch + Stouffer). Pure functions and small
-frozen dataclasses over numpy; no I/O and no scipy (the tests check every procedure against
-scipy / statsmodels). ``docs/statistics.md`` states every rule; the short version:
+Implements the protocol of seeds/002_* §3.3 (noise floor), §4-§5 (tests, corrections, Spearman
+across scales) and Appendix E.4 (per-task Welch + Stouffer), with one deliberate change: the
+verdict accounts for the noise floor being *estimated* from a few seeds (a t reference, not a
+normal one). Pure functions and small frozen dataclasses over numpy, scipy and statsmodels; no
+I/O. ``docs/statistics.md`` states every rule; the short version:
 
 * **Orientation.** ``higher_is_better=True`` for accuracies (CLIMB-avg), ``False`` for losses.
   ``delta`` is always the raw ``mean(method) - mean(baseline)`` in metric units;
-  ``improvement`` is ``delta`` signed so that positive = better, and ``z`` has the same sign.
+  ``improvement`` is ``delta`` signed so that positive = better, and ``z`` and ``t`` have the
+  same sign.
 * **Divergence.** ``None``, NaN or ±inf in place of a score (or ``None`` in place of a whole
   method) is a diverged run: a result, not an error. A method with any diverged seed gets the
   verdict ``diverged``; its other statistics are computed on its finite seeds for information,
   but it is left out of the multiple-comparison family.
 * **Noise floor.** ``sigma`` is the unbiased (ddof=1) std of the baseline's seeds
-  (``"baseline"``, the seed study's choice), or the pooled std of the baseline and the
-  reference configurations (``"pooled"``), or the largest of their stds (``"max"``). With
-  fewer than 2 finite baseline seeds there is no noise floor: z, p and the verdicts are
-  ``undetermined``.
-* **z-score.** ``z = improvement / sigma`` with the method's mean over its seeds (one seed: its
-  score); the per-seed sigma is used even for multi-seed methods (conservative; Welch's t is
-  the multi-seed test). ``sigma == 0``: ``z = ±inf`` (p = 0) when ``delta != 0``, ``z = 0``
-  (p = 1) when ``delta == 0``. ``p = 2 * (1 - Phi(|z|))``.
-* **Verdict.** ``improver`` / ``degrader`` when the corrected p (default Bonferroni over the
+  (``"baseline"``, the seed study's choice, ``n_b - 1`` degrees of freedom), or the pooled std
+  of the baseline and the reference configurations (``"pooled"``), or the largest of their
+  stds (``"max"``); both of the latter carry the pooled degrees of freedom ``sum(n_i - 1)``.
+  With fewer than 2 finite baseline seeds there is no noise floor: z, t, p and the verdicts
+  are ``undetermined``.
+* **z-score.** ``z = improvement / sigma``, descriptive only (the effect in units of the
+  per-seed floor). ``sigma == 0``: ``z = ±inf`` when ``delta != 0``, ``z = 0`` when it is 0.
+* **Test, chosen by the method's finite seeds** (two-sided; ``t`` signed like ``z``):
+  one seed → the *prediction* test ``t = improvement / (sigma * sqrt(1 + 1/n_b))`` with the
+  floor's degrees of freedom (is the seed outside the baseline's prediction interval?); two or
+  more → *Welch's* t of the method's seeds against the baseline's. ``sigma == 0`` (both groups
+  constant for Welch): ``t = ±inf`` (p = 0) when ``delta != 0``, ``t = 0`` (p = 1) when 0.
+* **Verdict.** ``improver`` / ``degrader`` when the corrected p (default **Holm** over the
   non-baseline, non-diverged methods with a finite p) is ``<= alpha`` (default 0.05) *and*
   ``|delta| > floor_sigmas * sigma`` (default 1 sigma); otherwise ``within_noise``.
+  ``fewer_seeds`` marks a method with fewer finite seeds than the baseline.
 * **Bootstrap.** Percentile intervals from ``n_resamples`` (default 10,000) resamples of the
   seeds with replacement, ``np.random.default_rng(seed)`` created afresh for every method (so
   a method's interval does not depend on the other methods in the table). Paired (one index
   draw shared by both groups) only when both groups are given as ``{seed: score}`` mappings
   over the same seeds (or ``paired=True`` with equal-length lists); unpaired otherwise.
+
+Which parts are library calls: the normal and Student-t distributions (``scipy.stats.norm``,
+``scipy.stats.t``), Welch's t (``scipy.stats.ttest_ind(equal_var=False)``), Stouffer
+(``scipy.stats.combine_pvalues(method="stouffer")``), ranks and Spearman
+(``scipy.stats.rankdata``, ``scipy.stats.spearmanr``), Bonferroni and Benjamini–Hochberg
+(``statsmodels.stats.multitest.multipletests``). Around each call this module keeps its own
+documented edge cases (NaN and diverged seeds dropped, Welch with both groups constant gives
+p NaN where scipy says 0, Spearman p NaN for n <= 2, ...). Two procedures stay our own code:
+
+* **Holm** is the four-line step-down below, not ``multipletests(method="holm")``: statsmodels'
+  Holm branch calls ``gc.collect()`` on every call, which costs ~130 ms in a process holding
+  torch (measured), and ``compare`` computes it for every table. The tests check it against
+  statsmodels.
+* **The seed bootstrap** is our own. ``scipy.stats.bootstrap(method="percentile")`` given
+  the same generator reproduces our one-sample and paired intervals (checked with scipy
+  1.17), but it refuses a group with one seed, the protocol's most common case (a single-seed
+  method's difference interval reflects only the baseline's spread, the seed study's
+  "baseline bootstrap interval"); it draws an unpaired resample's groups in the other order
+  (method first, where the documented draws take the baseline first); and it has no
+  ``prob_not_better`` or pairing by seed label. Using it would need our code for exactly the
+  cases the study runs most, so the ~20 lines stay. The tests check the intervals against
+  ``scipy.stats.bootstrap``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from statistics import NormalDist
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats as _sps
 
 __all__ = [
     "CORRECTIONS",
+    "TESTS",
     "Adjusted",
     "BootstrapDifference",
     "MethodResult",
+    "MethodTest",
     "NoiseFloor",
     "PerTaskResult",
     "Scores",
@@ -63,6 +95,7 @@ __all__ = [
     "compare",
     "decide",
     "decision_threshold",
+    "method_test",
     "noise_floor",
     "normal_isf",
     "normal_sf",
@@ -94,7 +127,6 @@ CORRECTIONS: tuple[str, ...] = ("bonferroni", "holm", "bh")
 DEFAULT_RESAMPLES = 10_000
 
 _NAN = float("nan")
-_STD_NORMAL = NormalDist()
 
 
 class Verdict(StrEnum):
@@ -157,26 +189,21 @@ def _finite(x: Scores) -> npt.NDArray[np.float64]:
 
 
 # --------------------------------------------------------------------------------------------
-# Distributions (normal via math.erfc / statistics.NormalDist; Student t via the regularised
-# incomplete beta function, continued fraction evaluated with the modified Lentz method)
+# Distributions (scipy.stats.norm and scipy.stats.t, with this module's NaN / edge conventions)
 
 
 def normal_sf(z: float) -> float:
-    """``1 - Phi(z)``, accurate in the upper tail."""
+    """``1 - Phi(z)``, accurate in the upper tail (``scipy.stats.norm.sf``)."""
     if math.isnan(z):
         return _NAN
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return float(_sps.norm.sf(z))
 
 
 def normal_isf(p: float) -> float:
     """``z`` with ``normal_sf(z) == p``; ``+inf`` for p = 0, ``-inf`` for p = 1, NaN outside."""
     if math.isnan(p) or p < 0.0 or p > 1.0:
         return _NAN
-    if p == 0.0:
-        return math.inf
-    if p == 1.0:
-        return -math.inf
-    return -_STD_NORMAL.inv_cdf(p)
+    return float(_sps.norm.isf(p))
 
 
 def p_two_sided(z: float) -> float:
@@ -186,52 +213,21 @@ def p_two_sided(z: float) -> float:
     return min(1.0, 2.0 * normal_sf(abs(z)))
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    tiny, eps = 1e-300, 1e-16
-    c = 1.0
-    d = 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 100_000):
-        m2 = 2 * m
-        for num in (
-            m * (b - m) * x / ((a - 1.0 + m2) * (a + m2)),
-            -(a + m) * (a + b + m) * x / ((a + m2) * (a + 1.0 + m2)),
-        ):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < eps:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)``."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_sf(t: float, df: float) -> float:
-    """Survival function ``P(T > t)`` of Student's t with (possibly fractional) ``df``."""
+    """Survival function ``P(T > t)`` of Student's t with (possibly fractional) ``df``
+    (``scipy.stats.t.sf``); the normal one for ``df = inf``, NaN for ``df <= 0`` or NaN."""
     if math.isnan(t) or math.isnan(df) or df <= 0:
         return _NAN
     if math.isinf(df):
         return normal_sf(t)
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return tail if t >= 0 else 1.0 - tail
+    return float(_sps.t.sf(t, df))
+
+
+def _t_isf(p: float, df: float) -> float:
+    """``t`` with ``t_sf(t, df) == p`` (the normal quantile for ``df = inf``)."""
+    if math.isnan(p) or math.isnan(df) or df <= 0:
+        return _NAN
+    return normal_isf(p) if math.isinf(df) else float(_sps.t.isf(p, df))
 
 
 def _t_p(t: float, df: float, alternative: Alternative) -> float:
@@ -254,21 +250,27 @@ def sample_std(scores: Scores) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 2 else _NAN
 
 
-def pooled_std(groups: Iterable[Scores]) -> float:
-    """Pooled std ``sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1))`` over groups of seeds (groups
-    with fewer than 2 finite seeds contribute nothing); NaN when no group has 2 seeds."""
+def _pooled(groups: Iterable[Scores]) -> tuple[float, int]:
     ss, dof = 0.0, 0
     for g in groups:
         x = _finite(g)
         if x.size >= 2:
             ss += float(np.sum((x - x.mean()) ** 2))
             dof += x.size - 1
-    return math.sqrt(ss / dof) if dof else _NAN
+    return (math.sqrt(ss / dof) if dof else _NAN), dof
+
+
+def pooled_std(groups: Iterable[Scores]) -> float:
+    """Pooled std ``sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1))`` over groups of seeds (groups
+    with fewer than 2 finite seeds contribute nothing); NaN when no group has 2 seeds."""
+    return _pooled(groups)[0]
 
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """The baseline's multi-seed reference: mean, n and the sigma that z-scores divide by."""
+    """The baseline's multi-seed reference: mean, n, the sigma that z-scores divide by, and
+    ``df``, the degrees of freedom of that sigma (``n - 1`` for the baseline's own std, the
+    pooled ``sum(n_i - 1)`` for ``"pooled"`` and ``"max"``; NaN without a floor)."""
 
     mean: float
     sigma: float
@@ -278,6 +280,7 @@ class NoiseFloor:
     baseline_std: float = _NAN
     reference_stds: Mapping[str, float] = field(default_factory=dict)
     n_diverged: int = 0
+    df: float = _NAN
 
     @property
     def defined(self) -> bool:
@@ -299,10 +302,13 @@ def noise_floor(
 ) -> NoiseFloor:
     """Noise floor from the baseline's seeds (and optional reference configurations' seeds).
 
-    ``sigma="baseline"`` (seed study): the baseline's ddof=1 std. ``"pooled"``: pooled std of
-    the baseline and every reference (see :func:`pooled_std`). ``"max"``: the largest defined
-    std among them. The floor is undefined (``defined`` False) when the baseline has fewer than
-    2 finite seeds, whatever the references: without a baseline spread there is no floor.
+    ``sigma="baseline"`` (seed study): the baseline's ddof=1 std, ``n - 1`` degrees of freedom.
+    ``"pooled"``: pooled std of the baseline and every reference (see :func:`pooled_std`).
+    ``"max"``: the largest defined std among them. Both of the latter take the pooled degrees of
+    freedom ``sum(n_i - 1)`` (for ``"max"`` a slightly generous choice: the largest std is
+    conservative, its df are counted as if pooled). The floor is undefined (``defined`` False)
+    when the baseline has fewer than 2 finite seeds, whatever the references: without a
+    baseline spread there is no floor.
     """
     g = _group(baseline)
     x = g.finite
@@ -310,17 +316,18 @@ def noise_floor(
     base_std = sample_std(x)
     refs = dict(references or {})
     ref_stds = {name: sample_std(s) for name, s in refs.items()}
+    pooled, pooled_df = _pooled([x, *refs.values()])
     if sigma == "baseline":
-        s = base_std
+        s, df = base_std, float(x.size - 1)
     elif sigma == "pooled":
-        s = pooled_std([x, *refs.values()])
+        s, df = pooled, float(pooled_df)
     elif sigma == "max":
         cands = [v for v in (base_std, *ref_stds.values()) if math.isfinite(v)]
-        s = max(cands) if cands else _NAN
+        s, df = (max(cands) if cands else _NAN), float(pooled_df)
     else:
         raise ValueError(f"sigma must be baseline, pooled or max, not {sigma!r}")
     if x.size < 2:
-        s = _NAN
+        s, df = _NAN, _NAN
     return NoiseFloor(
         mean=mean,
         sigma=s,
@@ -330,6 +337,7 @@ def noise_floor(
         baseline_std=base_std,
         reference_stds=ref_stds,
         n_diverged=g.n_diverged,
+        df=df,
     )
 
 
@@ -479,14 +487,28 @@ class Adjusted:
     n_tests: int
 
 
+def _holm(q: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Holm's step-down adjusted p-values (not statsmodels': see the module docstring)."""
+    order = np.argsort(q, kind="mergesort")
+    steps = (q.size - np.arange(q.size)) * q[order]
+    adj = np.empty(q.size)
+    adj[order] = np.minimum(1.0, np.maximum.accumulate(steps))
+    return adj
+
+
 def adjust_pvalues(
     pvalues: npt.ArrayLike, method: Correction = "bonferroni", alpha: float = 0.05
 ) -> Adjusted:
     """Bonferroni, Holm (step-down) or Benjamini–Hochberg (step-up FDR) adjusted p-values.
 
-    The family is the finite p-values (m = their count); NaN entries stay NaN and are never
-    rejected. ``reject = p_adjusted <= alpha``. ``"none"`` returns the raw p-values.
+    Bonferroni and BH are ``statsmodels.stats.multitest.multipletests`` (``bonferroni``,
+    ``fdr_bh``); Holm is our own step-down (same values, without statsmodels' per-call
+    ``gc.collect()``). The family is the finite p-values (m = their count); NaN entries stay NaN
+    and are never rejected. ``reject = p_adjusted <= alpha``. ``"none"`` returns the raw
+    p-values.
     """
+    if method not in (*CORRECTIONS, "none"):
+        raise ValueError(f"unknown correction {method!r}")
     p = np.asarray(pvalues, dtype=np.float64).ravel()
     out = np.full(p.shape, np.nan)
     ok = np.isfinite(p)
@@ -495,23 +517,15 @@ def adjust_pvalues(
     if m:
         if method == "none":
             adj = q.copy()
-        elif method == "bonferroni":
-            adj = np.minimum(1.0, m * q)
         elif method == "holm":
-            order = np.argsort(q, kind="mergesort")
-            steps = (m - np.arange(m)) * q[order]
-            adj = np.empty(m)
-            adj[order] = np.minimum(1.0, np.maximum.accumulate(steps))
-        elif method == "bh":
-            order = np.argsort(q, kind="mergesort")
-            steps = m * q[order] / np.arange(1, m + 1)
-            adj = np.empty(m)
-            adj[order] = np.minimum(1.0, np.minimum.accumulate(steps[::-1])[::-1])
+            adj = _holm(q)
         else:
-            raise ValueError(f"unknown correction {method!r}")
+            # imported here: statsmodels takes ~0.4 s to import, and only this needs it
+            from statsmodels.stats.multitest import multipletests
+
+            sm = {"bonferroni": "bonferroni", "bh": "fdr_bh"}[method]
+            adj = np.asarray(multipletests(q, alpha=alpha, method=sm)[1], dtype=np.float64)
         out[ok] = adj
-    elif method not in (*CORRECTIONS, "none"):
-        raise ValueError(f"unknown correction {method!r}")
     reject = np.zeros(p.shape, dtype=bool)
     reject[ok] = out[ok] <= alpha
     return Adjusted(method, alpha, out, reject, m)
@@ -535,26 +549,29 @@ class WelchResult:
 
 
 def welch_t(a: Scores, b: Scores, *, alternative: Alternative = "two-sided") -> WelchResult:
-    """Welch's t for the finite seeds of ``a`` against those of ``b``.
+    """Welch's t for the finite seeds of ``a`` against those of ``b``
+    (``scipy.stats.ttest_ind(equal_var=False)``).
 
     Needs >= 2 finite seeds per group, else t, df and p are NaN. When both groups have zero
     variance the test is undefined: t = ±inf (or NaN if the means are equal), df and p NaN
-    (scipy reports p = 0 with df = 1 there; we deliberately do not).
+    (scipy reports p = 0 with df = 1 there; we deliberately do not). scipy's "precision loss"
+    warning for (nearly) constant groups is silenced: a constant group is a valid input here.
     """
+    if alternative not in ("two-sided", "greater", "less"):
+        raise ValueError(f"alternative must be two-sided, greater or less, not {alternative!r}")
     xa, xb = _finite(a), _finite(b)
     na, nb = int(xa.size), int(xb.size)
     diff = float(xa.mean() - xb.mean()) if na and nb else _NAN
     if na < 2 or nb < 2:
         return WelchResult(_NAN, _NAN, _NAN, alternative, na, nb, diff)
-    va = float(np.var(xa, ddof=1)) / na
-    vb = float(np.var(xb, ddof=1)) / nb
-    se2 = va + vb
-    if se2 == 0.0:
+    if np.var(xa) == 0.0 and np.var(xb) == 0.0:
         t = _NAN if diff == 0.0 else math.copysign(math.inf, diff)
         return WelchResult(t, _NAN, _NAN, alternative, na, nb, diff)
-    t = diff / math.sqrt(se2)
-    df = se2 * se2 / (va * va / (na - 1) + vb * vb / (nb - 1))
-    return WelchResult(t, df, _t_p(t, df, alternative), alternative, na, nb, diff)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        r = _sps.ttest_ind(xa, xb, equal_var=False, alternative=alternative)
+    return WelchResult(float(r.statistic), float(r.df), float(r.pvalue), alternative, na, nb,
+                       diff)
 
 
 # --------------------------------------------------------------------------------------------
@@ -577,7 +594,8 @@ class StoufferResult:
 
 
 def stouffer(pvalues: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> StoufferResult:
-    """Combine one-sided p-values with Stouffer's method (optionally weighted).
+    """Combine one-sided p-values with Stouffer's method (optionally weighted;
+    ``scipy.stats.combine_pvalues(method="stouffer")``).
 
     NaN p-values (and their weights) are dropped. Weights must be finite and >= 0. No p-value
     (or all weights 0): NaN.
@@ -592,9 +610,9 @@ def stouffer(pvalues: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> St
     p, w = p[ok], w[ok]
     if p.size == 0 or not np.any(w > 0):
         return StoufferResult(_NAN, _NAN, _NAN, int(p.size), weights is not None)
-    z = np.array([normal_isf(float(v)) for v in p])
-    with np.errstate(invalid="ignore"):
-        zc = float(np.sum(w * z) / math.sqrt(float(np.sum(w * w))))
+    with np.errstate(invalid="ignore", divide="ignore"):  # p = 0 and p = 1 together: NaN
+        r = _sps.combine_pvalues(p, method="stouffer", weights=w)
+    zc = float(r.statistic)
     return StoufferResult(zc, normal_sf(zc), p_two_sided(zc), int(p.size), weights is not None)
 
 
@@ -658,21 +676,12 @@ def per_task_stouffer(
 
 
 def rankdata(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """1-based ranks, ties given the average of the ranks they span."""
+    """1-based ranks, ties given the average of the ranks they span (``scipy.stats.rankdata``;
+    a NaN in the input makes every rank NaN, scipy's ``nan_policy="propagate"``)."""
     a = np.asarray(x, dtype=np.float64).ravel()
-    n = a.size
-    if n == 0:
+    if a.size == 0:
         return np.empty(0)
-    order = np.argsort(a, kind="mergesort")
-    s = a[order]
-    new = np.r_[True, s[1:] != s[:-1]]
-    group = np.cumsum(new) - 1  # 0-based tie group of each sorted position
-    # group g spans the sorted positions [starts[g], starts[g + 1])
-    starts = np.r_[np.flatnonzero(new), n]
-    avg = 0.5 * (starts[group] + starts[group + 1] + 1)
-    ranks = np.empty(n)
-    ranks[order] = avg
-    return ranks
+    return np.asarray(_sps.rankdata(a), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -686,7 +695,8 @@ class SpearmanResult:
 
 
 def spearman(x: npt.ArrayLike, y: npt.ArrayLike) -> SpearmanResult:
-    """Spearman's rank correlation of paired values (average ranks for ties).
+    """Spearman's rank correlation of paired values (average ranks for ties;
+    ``scipy.stats.spearmanr``, t approximation with n - 2 df for p).
 
     Pairs with a non-finite value on either side are dropped. rho NaN when fewer than 2 pairs
     or when either side is constant; p NaN when n <= 2; p = 0 when |rho| = 1 (n > 2).
@@ -700,18 +710,16 @@ def spearman(x: npt.ArrayLike, y: npt.ArrayLike) -> SpearmanResult:
     n = int(a.size)
     if n < 2:
         return SpearmanResult(_NAN, _NAN, n)
-    ra, rb = rankdata(a), rankdata(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = math.sqrt(float(np.sum(ra * ra)) * float(np.sum(rb * rb)))
-    if den == 0.0:
+    if np.ptp(a) == 0.0 or np.ptp(b) == 0.0:  # a constant side: no ranking to correlate
         return SpearmanResult(_NAN, _NAN, n)
-    rho = max(-1.0, min(1.0, float(np.sum(ra * rb)) / den))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = _sps.spearmanr(a, b)
+    rho = max(-1.0, min(1.0, float(r.statistic)))
     if n <= 2:
         return SpearmanResult(rho, _NAN, n)
     if abs(rho) == 1.0:
         return SpearmanResult(rho, 0.0, n)
-    t = rho * math.sqrt((n - 2) / (1.0 - rho * rho))
-    return SpearmanResult(rho, _t_p(t, n - 2, "two-sided"), n)
+    return SpearmanResult(rho, float(r.pvalue), n)
 
 
 def spearman_across_scales(
@@ -770,20 +778,36 @@ def decision_threshold(
     n_tests: int = 1,
     *,
     alpha: float = 0.05,
-    correction: Correction = "bonferroni",
+    correction: Correction = "holm",
     floor_sigmas: float = 1.0,
+    n: int = 1,
+    n_baseline: int | None = None,
+    df: float | None = None,
 ) -> float:
-    """The |improvement| (metric units) a method's mean must exceed to be decided.
+    """The |improvement| (metric units) a method's mean over ``n`` seeds must exceed to be
+    decided against a baseline of ``n_baseline`` seeds.
 
-    ``sigma * max(floor_sigmas, z_crit)`` with ``z_crit = Phi^-1(1 - alpha / (2 m))``,
+    ``sigma * max(floor_sigmas, q * sqrt(1/n + 1/n_baseline))`` with ``q`` the Student-t
+    quantile ``t^-1(1 - alpha / (2 m))`` with ``df`` degrees of freedom (default
+    ``n_baseline - 1``: the baseline's sigma; pass the floor's ``df`` for a pooled floor).
     ``m = n_tests`` for bonferroni, holm and bh (Holm's and BH's thresholds depend on the other
     p-values; the Bonferroni one is the strictest step of both, hence conservative) and m = 1
-    for ``"none"``. NaN if sigma is undefined.
+    for ``"none"``. For ``n = 1`` this is exactly the prediction test of :func:`compare`; for
+    ``n >= 2`` it approximates Welch's test by taking the method's seeds as spread like the
+    baseline's. ``n_baseline=None`` takes the baseline's mean and sigma as exact (normal
+    quantile, factor ``sqrt(1/n)``): the reference of earlier versions, which overstates
+    certainty with a few baseline seeds. NaN if sigma is undefined.
     """
     if not math.isfinite(sigma):
         return _NAN
     m = 1 if correction == "none" else max(1, n_tests)
-    return sigma * max(floor_sigmas, normal_isf(alpha / (2.0 * m)))
+    n = max(1, n)
+    if n_baseline is None:
+        q, spread = normal_isf(alpha / (2.0 * m)), math.sqrt(1.0 / n)
+    else:
+        dof = float(n_baseline - 1) if df is None else float(df)
+        q, spread = _t_isf(alpha / (2.0 * m), dof), math.sqrt(1.0 / n + 1.0 / n_baseline)
+    return sigma * max(floor_sigmas, q * spread)
 
 
 @dataclass(frozen=True)
@@ -812,7 +836,7 @@ def undecided(
     baseline: str = "baseline",
     n_tests: int | None = None,
     alpha: float = 0.05,
-    correction: Correction = "bonferroni",
+    correction: Correction = "holm",
     floor_sigmas: float = 1.0,
     confidence: float = 0.95,
     max_seeds: int | None = None,
@@ -820,13 +844,17 @@ def undecided(
     """Which configurations need more seeds before their verdict is settled.
 
     Each non-baseline, non-diverged method with n finite seeds gets the interval
-    ``improvement ± Phi^-1((1 + confidence) / 2) * sigma / sqrt(n)`` (the uncertainty of its
-    mean given the floor sigma); it is returned when ``+threshold`` or ``-threshold`` lies
-    strictly inside the interval (so with sigma = 0 nothing straddles: seeds do not vary).
-    ``threshold`` defaults to :func:`decision_threshold` with ``n_tests`` = the number of
-    non-baseline, non-diverged methods; it is in metric units, like the improvement. If the floor is
-    undefined, only the baseline is returned (reason ``"no_floor"``). Diverged methods are never
-    returned (a divergence is a result). Order: the table's.
+    ``improvement ± q * sigma * sqrt(1/n + 1/n_b)`` with ``q`` the Student-t quantile
+    ``t^-1((1 + confidence) / 2)`` with the floor's degrees of freedom (``n_b - 1`` for the
+    baseline's sigma): the uncertainty of its difference from the baseline's mean when sigma is
+    itself estimated from the baseline's ``n_b`` seeds. It is returned when ``+threshold`` or
+    ``-threshold`` lies strictly inside the interval (so with sigma = 0 nothing straddles:
+    seeds do not vary). ``threshold`` defaults to the method's own :func:`decision_threshold`
+    (its ``n``, the floor's ``n`` and ``df``; ``n_tests`` = the number of non-baseline,
+    non-diverged methods), so it shrinks as seeds are added; it is in metric units, like the
+    improvement. If the floor is undefined, only the baseline is returned (reason
+    ``"no_floor"``). Diverged methods are never returned (a divergence is a result). Order: the
+    table's.
     """
     names = [m for m in table if m != baseline]
     cap = max_seeds if max_seeds is not None else math.inf
@@ -835,28 +863,33 @@ def undecided(
                             floor.n >= cap)]
     groups = {m: _group(table[m]) for m in names}
     live = [m for m in names if groups[m].n_diverged == 0]
-    if threshold is None:
-        m_tests = n_tests if n_tests is not None else len(live)
-        threshold = decision_threshold(
-            floor.sigma, m_tests, alpha=alpha, correction=correction, floor_sigmas=floor_sigmas
-        )
-    half_unit = normal_isf((1.0 - confidence) / 2.0) * floor.sigma
+    m_tests = n_tests if n_tests is not None else len(live)
+    q = _t_isf((1.0 - confidence) / 2.0, floor.df)
     out: list[SeedRequest] = []
     for m in live:
         g = groups[m]
+        thr = threshold
+        if thr is None:
+            thr = decision_threshold(floor.sigma, m_tests, alpha=alpha, correction=correction,
+                                     floor_sigmas=floor_sigmas, n=max(1, g.n),
+                                     n_baseline=floor.n, df=floor.df)
         if g.n == 0:
-            out.append(SeedRequest(m, 0, (-math.inf, math.inf), threshold, "no_data", cap <= 0))
+            out.append(SeedRequest(m, 0, (-math.inf, math.inf), thr, "no_data", cap <= 0))
             continue
         imp = floor.sign * (float(g.finite.mean()) - floor.mean)
-        half = half_unit / math.sqrt(g.n)
+        half = q * floor.sigma * math.sqrt(1.0 / g.n + 1.0 / floor.n)
         lo, hi = imp - half, imp + half
-        if lo < threshold < hi or lo < -threshold < hi:
-            out.append(SeedRequest(m, g.n, (lo, hi), threshold, "straddles", g.n >= cap))
+        if lo < thr < hi or lo < -thr < hi:
+            out.append(SeedRequest(m, g.n, (lo, hi), thr, "straddles", g.n >= cap))
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # compare
+
+
+#: The test :func:`compare` gives a method, by its finite seeds (see :func:`method_test`).
+TESTS: tuple[str, ...] = ("prediction", "welch", "none")
 
 
 @dataclass(frozen=True)
@@ -867,12 +900,16 @@ class MethodResult:
     is_baseline: bool
     n: int  # finite seeds
     n_diverged: int
+    fewer_seeds: bool  # n < the baseline's finite seeds (its verdict rests on less)
     mean: float
     std: float  # ddof=1, NaN with < 2 seeds
     delta: float  # mean - baseline mean (raw units)
     improvement: float  # delta signed so that positive = better
-    z: float
-    p: float  # two-sided normal p of z
+    z: float  # improvement / floor sigma: descriptive effect size
+    test: str  # "prediction" (1 seed) | "welch" (>= 2 seeds) | "none"
+    t: float  # the test's statistic, signed like improvement
+    df: float  # the test's degrees of freedom
+    p: float  # the test's two-sided p
     p_adjusted: Mapping[str, float]  # bonferroni / holm / bh
     significant: Mapping[str, bool]  # none / bonferroni / holm / bh (p <= alpha)
     ci_mean: tuple[float, float]
@@ -892,6 +929,52 @@ class MethodResult:
         return d
 
 
+@dataclass(frozen=True)
+class MethodTest:
+    """The test of one method's seeds against the floor (see :func:`method_test`)."""
+
+    test: str
+    t: float
+    df: float
+    p: float
+    welch: WelchResult | None = None  # Welch's result as welch_t gives it (raw sign)
+
+
+def _zero_spread_t(improvement: float) -> float:
+    return 0.0 if improvement == 0.0 else math.copysign(math.inf, improvement)
+
+
+def method_test(scores: Scores, floor: NoiseFloor, baseline: Scores = None) -> MethodTest:
+    """The two-sided test :func:`compare` applies to a method with these seeds.
+
+    * no finite seed, or no floor: ``"none"`` (t, df, p NaN);
+    * one finite seed: ``"prediction"``, is it outside the baseline's prediction interval?
+      ``t = improvement / (sigma * sqrt(1 + 1/n_b))`` with the floor's ``df`` (``n_b - 1``
+      for the baseline's sigma, pooled for ``"pooled"`` / ``"max"``);
+    * two or more: ``"welch"``, Welch's t of the method's finite seeds against ``baseline``'s
+      (required then), t signed so that positive = better.
+
+    Zero spread (sigma = 0 for the prediction test; both groups constant for Welch, where
+    :func:`welch_t` gives p NaN): ``t = ±inf``, p = 0 when the means differ, ``t = 0``, p = 1
+    when they are equal, as for z.
+    """
+    x = _finite(scores)
+    if not floor.defined or x.size == 0:
+        return MethodTest("none", _NAN, _NAN, _NAN)
+    imp = floor.sign * (float(x.mean()) - floor.mean)
+    if x.size == 1:
+        se = floor.sigma * math.sqrt(1.0 + 1.0 / floor.n)
+        t = _zero_spread_t(imp) if se == 0.0 else imp / se
+        return MethodTest("prediction", t, floor.df, _t_p(t, floor.df, "two-sided"))
+    if baseline is None:
+        raise ValueError("Welch's test (>= 2 seeds) needs the baseline's seeds")
+    w = welch_t(x, baseline)
+    if math.isnan(w.p) and w.n_b >= 2:  # both groups constant
+        t = _zero_spread_t(imp)
+        return MethodTest("welch", t, _NAN, 1.0 if t == 0.0 else 0.0, w)
+    return MethodTest("welch", floor.sign * w.t, w.df, w.p, w)
+
+
 def compare(
     table: Mapping[str, Scores],
     baseline: str = "baseline",
@@ -900,7 +983,7 @@ def compare(
     references: Sequence[str] = (),
     sigma: SigmaSource = "baseline",
     alpha: float = 0.05,
-    correction: Correction = "bonferroni",
+    correction: Correction = "holm",
     floor_sigmas: float = 1.0,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,
@@ -911,13 +994,16 @@ def compare(
     """Compare every method of ``table`` (``{name: per-seed scores or None}``) with ``baseline``.
 
     Returns one :class:`MethodResult` per entry, in the table's order, baseline included (its
-    delta, improvement and z are 0, its p NaN, its verdict ``baseline`` unless it diverged).
-    ``references`` names table entries whose seeds join the baseline's for
-    ``sigma="pooled"|"max"``. ``diverged`` flags extra methods as diverged even if they have
-    scores. The correction family is the non-baseline, non-diverged methods with a finite p;
-    ``correction`` picks which adjusted p the verdict uses (see :func:`decide`). Welch's t
-    (two-sided) is reported when the method and the baseline both have >= 2 finite seeds. An
-    empty table gives []; a non-empty table without ``baseline`` raises KeyError.
+    delta, improvement and z are 0, its test ``"none"`` with t, df and p NaN, its verdict
+    ``baseline`` unless it diverged). ``references`` names table entries whose seeds join the
+    baseline's for ``sigma="pooled"|"max"``. ``diverged`` flags extra methods as diverged even
+    if they have scores. Each other method gets the test its finite seeds call for
+    (:func:`method_test`: the prediction test for one seed, Welch's t for two or more); ``p``
+    is that test's two-sided p and ``welch`` the Welch result whenever both sides have >= 2
+    finite seeds. The correction family is the non-baseline, non-diverged methods with a finite
+    p; ``correction`` (default Holm) picks which adjusted p the verdict uses (see
+    :func:`decide`); all three are computed. An empty table gives []; a non-empty table
+    without ``baseline`` raises KeyError.
     """
     if not table:
         return []
@@ -934,17 +1020,15 @@ def compare(
     groups = {m: _group(s) for m, s in table.items()}
     is_div = {m: g.n_diverged > 0 or m in diverged for m, g in groups.items()}
     base = groups[baseline]
+    no_test = MethodTest("none", _NAN, _NAN, _NAN)
 
     rows: dict[str, dict[str, Any]] = {}
     for m, g in groups.items():
         x = g.finite
         mean = float(x.mean()) if x.size else _NAN
         delta = 0.0 if m == baseline else mean - floor.mean
-        if m == baseline:
-            z, p = 0.0, _NAN
-        else:
-            z = z_score(x, floor)
-            p = p_two_sided(z)
+        z = 0.0 if m == baseline else z_score(x, floor)
+        test = no_test if m == baseline else method_test(x, floor, base.finite)
         boot = None
         if m != baseline:
             pair = _can_pair(g, base) if paired else paired  # True: pair where possible
@@ -952,9 +1036,9 @@ def compare(
                 table[m], table[baseline], higher_is_better=higher_is_better,
                 n_resamples=n_resamples, confidence=confidence, seed=seed, paired=pair,
             )
-        welch = welch_t(x, base.finite) if m != baseline and x.size >= 2 and base.n >= 2 else None
         rows[m] = {
-            "g": g, "mean": mean, "delta": delta, "z": z, "p": p, "boot": boot, "welch": welch,
+            "g": g, "mean": mean, "delta": delta, "z": z, "test": test, "p": test.p,
+            "boot": boot, "welch": test.welch,  # >= 2 seeds on both sides
         }
 
     family = [m for m in table if m != baseline and not is_div[m] and math.isfinite(rows[m]["p"])]
@@ -968,6 +1052,7 @@ def compare(
     for m in table:
         r = rows[m]
         g = r["g"]
+        test: MethodTest = r["test"]
         padj = {c: adjusted[m].get(c, _NAN) for c in CORRECTIONS}
         sig = {"none": bool(r["p"] <= alpha) if m in family else False}
         sig.update({c: bool(padj[c] <= alpha) for c in CORRECTIONS})
@@ -989,11 +1074,15 @@ def compare(
                 is_baseline=m == baseline,
                 n=g.n,
                 n_diverged=g.n_diverged,
+                fewer_seeds=m != baseline and g.n < floor.n,
                 mean=r["mean"],
                 std=sample_std(g.finite),
                 delta=r["delta"],
                 improvement=improvement,
                 z=r["z"],
+                test=test.test,
+                t=test.t,
+                df=test.df,
                 p=r["p"],
                 p_adjusted=padj,
                 significant=sig,

@@ -5,11 +5,19 @@ study package loads a study folder's results and calls :func:`write_report`.
 Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), ``results.csv``
 (one row per run), ``results.json`` (the statistics per method and scale) and the PNGs.
 
-The views follow seeds/002_*: Table 2 (metric, Δ, z, significance under Bonferroni, Holm and
-Benjamini–Hochberg, verdict, parameters, FLOPs/token), Table 3 (ranks across scales with
-Spearman's ρ), Table 6 (divergences: step and grad-norm signature), Table 7 / Figure 2
-(validation loss against the downstream score), Figure 3 (per-task Δ heatmap), and the loss
-and grad-norm curves.
+The views follow seeds/002_*: Table 2 (seeds, steps and tokens per method, metric, Δ, z, the
+test used with t and df, significance under Bonferroni, Holm and Benjamini–Hochberg, verdict,
+parameters, FLOPs/token), Table 3 (ranks across scales with Spearman's ρ), Table 6
+(divergences: step and grad-norm signature), Table 7 / Figure 2 (validation loss against the
+downstream score), Figure 3 (per-task Δ heatmap), and the loss and grad-norm curves.
+
+Right after the title, a "Warnings" list says when the runs are short of what a verdict needs
+(:func:`budget_warnings`): a method at a scale with fewer than :data:`MIN_SEEDS` finite seeds
+(or a scale without a finished baseline), runs that stopped before their planned steps or did
+not finish, and a baseline that stopped far from convergence: its validation loss still falling
+fast when training ended (over its last validation interval it fell by more than
+:data:`STILL_FALLING` of its value), or fewer than :data:`MIN_TOKENS_PER_PARAM` training
+tokens per parameter.
 """
 
 from __future__ import annotations
@@ -24,19 +32,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modbench.analysis.results import RunRow, StudyResults, higher_is_better
-from modbench.analysis.stats import CORRECTIONS, spearman_across_scales
+from modbench.analysis.results import (
+    ALPHA,
+    CORRECTION,
+    FLOOR_SIGMAS,
+    RunRow,
+    StudyResults,
+    higher_is_better,
+)
+from modbench.analysis.stats import CORRECTIONS, decision_threshold, spearman_across_scales
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves
+
+#: Fewer finite seeds than this for any configuration at a scale: the report warns (the seed
+#: protocol's noise floor runs three seeds per reference configuration, seeds/002_* §3.3).
+MIN_SEEDS = 3
+#: A baseline run whose validation loss fell by more than this fraction of its value between
+#: its last two validation points was still far from converged: the report warns.
+STILL_FALLING = 0.01
+#: A baseline trained on fewer tokens per parameter than this stopped far from convergence,
+#: whatever its last validation points say (a decayed learning rate flattens the end of any
+#: schedule): the report warns. The seed study trains 1.2B parameters on 23.07B tokens (~19).
+MIN_TOKENS_PER_PARAM = 10.0
+
+_TEST_NAMES = {"prediction": "prediction", "welch": "Welch", "none": "–"}
 
 
 @dataclass
 class Block:
-    kind: str  # h1 | h2 | p | table | img
+    kind: str  # h1 | h2 | p | ul | table | img
     text: str = ""
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
     path: Path | None = None
+    items: list[str] = field(default_factory=list)
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
@@ -60,15 +89,23 @@ def write_report(results: StudyResults, out: Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, metric, baseline = results.rows, results.metric, results.baseline
-    blocks: list[Block] = [
-        Block("h1", f"Study report: {results.name}"),
-        Block("p", f"{len(rows)} runs in `{results.folder}`; baseline `{baseline}`; primary "
-                   f"metric `{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is "
-                   "better). Significance: two-sided z against the baseline's seed noise floor, "
-                   "corrected over the non-baseline methods (Bonferroni, Holm, "
-                   "Benjamini–Hochberg, α = 0.05); the verdict uses Bonferroni and requires "
-                   "|Δ| > 1σ."),
-    ]
+    blocks: list[Block] = [Block("h1", f"Study report: {results.name}")]
+    warnings = budget_warnings(results)
+    if warnings:
+        blocks += [Block("h2", "Warnings"), Block("ul", items=warnings)]
+    blocks.append(Block(
+        "p", f"{len(rows)} runs in `{results.folder}`; baseline `{baseline}`; primary metric "
+             f"`{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better). "
+             f"Verdict rule: a method is an improver (degrader) when its {CORRECTION.title()}"
+             f"-corrected p ≤ α = {ALPHA:g}, {CORRECTION.title()} over the non-baseline, "
+             f"non-diverged methods of its scale, and |Δ| > {FLOOR_SIGMAS:g}σ, σ being the "
+             "std of the baseline's n seeds (n − 1 degrees of freedom). The p-values are "
+             "two-sided and use a t reference, since σ is itself estimated from a few seeds: a "
+             "method with one seed gets the prediction test, t = Δ / (σ·√(1 + 1/n)) with "
+             "n − 1 df (is the seed outside the baseline's prediction interval?); a method "
+             "with two or more seeds gets Welch's t of its seeds against the baseline's. "
+             "z = Δ/σ is descriptive only. Bonferroni and Benjamini–Hochberg adjusted p are "
+             "shown beside Holm's; * marks adjusted p ≤ α."))
     _table2(results, blocks)
     _secondary(rows, baseline, blocks)
     _cross_scale(rows, metric, blocks)
@@ -82,34 +119,189 @@ def write_report(results: StudyResults, out: Path) -> Path:
     return out
 
 
+def _span(values: list[Any], fmt: Any = str) -> str:
+    """"a" when all values are equal, "a–b" (min–max) otherwise, "–" when there are none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "–"
+    lo, hi = min(vals), max(vals)
+    return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def _df(v: Any) -> str:
+    """Degrees of freedom: an integer as one ("2"), Welch's fractional ones to 3 digits."""
+    if isinstance(v, int | float) and math.isfinite(v) and float(v).is_integer():
+        return str(int(v))
+    return _fmt(v, 3) if isinstance(v, float) and math.isfinite(v) else "–"
+
+
+def _count(v: int | float) -> str:
+    """A count in 3 significant digits with a k / M / B suffix (12.3k, 23.1B)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.3g}{unit}"
+    return f"{v:g}"
+
+
+def _steps_cell(runs: list[RunRow]) -> str:
+    steps = [r.steps for r in runs]
+    planned = [r.steps_planned for r in runs]
+    short = any(s is not None and p is not None and s < p
+                for s, p in zip(steps, planned, strict=True))
+    return _span(steps) + (f" of {_span(planned)}" if short else "")
+
+
 def _table2(results: StudyResults, blocks: list[Block]) -> None:
     rows, metric = results.rows, results.metric
     for scale, res in results.comparisons.items():
         blocks.append(Block("h2", f"Methods against the baseline — {scale} (Table 2 view)"))
         floor = res[0]["floor"] if res else {}
+        df = floor.get("df", math.nan)
         blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
-                                 f"{floor.get('n', 0)} seeds (mean {_fmt(floor.get('mean'))})."))
-        header = ["method", "seeds", metric, "Δ", "z", "p", *[f"p {c}" for c in CORRECTIONS],
-                  "verdict", "params", "train FLOPs/token", "FLOPs ×"]
+                                 f"{floor.get('n', 0)} seeds ({_df(df)} degrees of freedom; "
+                                 f"mean {_fmt(floor.get('mean'))})."))
+        header = ["method", "seeds", "steps", "tokens", metric, "Δ", "z", "test", "t (df)", "p",
+                  *[f"p {c}" for c in CORRECTIONS], "verdict", "params", "train FLOPs/token",
+                  "FLOPs ×"]
         body = []
         for r in res:
-            run = next((x for x in rows if x.scale == scale and x.method == r["method"]), None)
+            runs = [x for x in rows if x.scale == scale and x.method == r["method"]
+                    and x.state == "done"]
             fl = results.flops_of(scale, r["method"])
             sig = r["significant"]
+            div = r["verdict"] == "diverged"
+            fewer = r.get("fewer_seeds", False) and not div
+            notes = (["fewer than baseline"] if fewer else []) + (
+                [f"+{r['n_diverged']} diverged"] if r["n_diverged"] else [])
+            test = r.get("test", "none")
             body.append([
-                f"`{r['method']}`", f"{r['n']}" + (f" (+{r['n_diverged']} div.)"
-                                                   if r["n_diverged"] else ""),
+                f"`{r['method']}`", f"{r['n']}" + (f" ({'; '.join(notes)})" if notes else ""),
+                _steps_cell(runs), _span([x.tokens for x in runs], _count),
                 _fmt(r["mean"]) + (f" ± {_fmt(r['std'], 2)}" if r["n"] > 1 else ""),
                 "" if r["is_baseline"] else _fmt(r["delta"]),
                 "" if r["is_baseline"] else _fmt(r["z"], 3),
+                "" if r["is_baseline"] else _TEST_NAMES.get(test, test),
+                "" if r["is_baseline"] or test == "none"
+                else f"{_fmt(r['t'], 3)} ({_df(r['df'])})",
                 "" if r["is_baseline"] else _fmt(r["p"], 3),
                 *["" if r["is_baseline"] else _fmt(r["p_adjusted"][c], 3)
                   + (" *" if sig.get(c) else "") for c in CORRECTIONS],
-                str(r["verdict"]), _fmt(run.params if run else None),
+                str(r["verdict"]) + (" †" if fewer else ""),
+                _fmt(runs[0].params if runs else None),
                 _fmt(fl.train_flops_per_token if fl else None, 4),
                 _fmt(fl.flops_ratio if fl else None, 4),
             ])
         blocks.append(Block("table", header=header, rows=body))
+        if any(r.get("fewer_seeds") and r["verdict"] != "diverged" for r in res):
+            blocks.append(Block("p", _fewer_note(res)))
+
+
+def _fewer_note(res: list[dict[str, Any]]) -> str:
+    floor = res[0]["floor"]
+    m = sum(1 for r in res if not r["is_baseline"] and r["verdict"] != "diverged")
+    text = (f"† fewer finite seeds than the baseline ({floor['n']}): the verdict rests on fewer "
+            "seeds than the noise floor.")
+    thr = decision_threshold(floor["sigma"], m, alpha=ALPHA, correction=CORRECTION,
+                             floor_sigmas=FLOOR_SIGMAS, n=1, n_baseline=floor["n"],
+                             df=floor["df"])
+    if math.isfinite(thr) and floor["sigma"] > 0:
+        text += (f" With this floor and {m} methods, one seed must lie more than "
+                 f"{thr / floor['sigma']:.1f}σ from the baseline's mean to be decided "
+                 f"({CORRECTION.title()}'s strictest step).")
+    return text
+
+
+def budget_warnings(results: StudyResults) -> list[str]:
+    """What the report warns about in its first lines (an empty list: nothing).
+
+    * seeds: a configuration at a scale with fewer than :data:`MIN_SEEDS` finite seeds
+      (the baseline included), or a scale with runs but no finished baseline;
+    * steps: finished, non-diverged runs that stopped before their planned steps, and runs
+      that did not finish (failed, pending, running: they are in no table);
+    * convergence: a finished baseline run whose validation loss, between its last two
+      validation points (``metrics.jsonl`` through ``runtime.runfolder.curves``), fell by more
+      than :data:`STILL_FALLING` of the earlier value; or finished baseline runs that saw fewer
+      than :data:`MIN_TOKENS_PER_PARAM` tokens per parameter (the summary's ``tokens`` and
+      ``params``). Either way training stopped far from convergence.
+    """
+    rows, out = results.rows, []
+    few = []
+    for scale, res in results.comparisons.items():
+        by_n: dict[int, list[str]] = {}
+        for r in res:
+            if r["n"] < MIN_SEEDS:
+                by_n.setdefault(r["n"], []).append(f"`{r['method']}`")
+        if by_n:
+            few.append(f"at {scale}, " + " and ".join(
+                f"{n} seed{'s' if n != 1 else ''} for {', '.join(ms)}"
+                for n, ms in sorted(by_n.items())))
+    for scale in sorted({r.scale for r in rows} - set(results.comparisons)):
+        few.append(f"at {scale}: no finished `{results.baseline}` run (no noise floor, no "
+                   "verdicts)")
+    if few:
+        out.append(f"Fewer than {MIN_SEEDS} finite seeds, short of the seed protocol's "
+                   f"{MIN_SEEDS} per configuration (seeds/002 §3.3): " + "; ".join(few)
+                   + ". Verdicts resting on so few seeds are provisional.")
+    stopped = [r for r in rows if r.state == "done" and not r.diverged and r.steps is not None
+               and r.steps_planned is not None and r.steps < r.steps_planned]
+    if stopped:
+        out.append(f"{len(stopped)} finished run(s) stopped before their planned steps: "
+                   + ", ".join(f"`{r.method}` seed {r.seed} at {r.scale} ({r.steps} of "
+                               f"{r.steps_planned})" for r in stopped) + ".")
+    unfinished = [r for r in rows if r.state != "done"]
+    if unfinished:
+        states = sorted({r.state for r in unfinished})
+        out.append(f"{len(unfinished)} run(s) did not finish ("
+                   + ", ".join(f"{s}: {sum(r.state == s for r in unfinished)}" for s in states)
+                   + ") and are left out of every table.")
+    falling = _still_falling(rows, results.baseline)
+    if falling:
+        out.append("The baseline's validation loss was still falling fast when training "
+                   f"stopped (rule: by more than {STILL_FALLING:.0%} of its value between its "
+                   "last two validation points): " + "; ".join(falling) + ". Training stopped "
+                   "far from convergence; verdicts at this budget may not hold for full-length "
+                   "runs.")
+    budget = _few_tokens(rows, results.baseline)
+    if budget:
+        out.append("The baseline trained on few tokens per parameter (rule: fewer than "
+                   f"{MIN_TOKENS_PER_PARAM:g}; the seed study trains 1.2B parameters on 23B "
+                   "tokens, about 19): " + "; ".join(budget) + ". Training stopped far from "
+                   "convergence; verdicts at this budget may not hold for full-length runs.")
+    return out
+
+
+def _few_tokens(rows: list[RunRow], baseline: str) -> list[str]:
+    out = []
+    for scale in sorted({r.scale for r in rows}):
+        ok = [r for r in rows if r.scale == scale and r.method == baseline and r.state == "done"
+              and not r.diverged and r.tokens and r.params]
+        ratios = [r.tokens / r.params for r in ok if r.tokens and r.params]
+        if ratios and max(ratios) < MIN_TOKENS_PER_PARAM:
+            out.append(f"at {scale}, {_span(ratios, lambda v: f'{v:.2g}')} tokens per parameter "
+                       f"({_span([r.tokens for r in ok], _count)} tokens, "
+                       f"{_span([r.params for r in ok], _count)} parameters)")
+    return out
+
+
+def _still_falling(rows: list[RunRow], baseline: str) -> list[str]:
+    out = []
+    for scale in sorted({r.scale for r in rows}):
+        hits = []
+        for r in rows:
+            if (r.scale != scale or r.method != baseline or r.state != "done" or r.diverged
+                    or r.run_dir is None):
+                continue
+            pts = curves(r.run_dir)["val_loss"]
+            if len(pts) < 2:
+                continue
+            (s0, v0), (s1, v1) = pts[-2:]
+            if v0 > 0 and (v0 - v1) / v0 > STILL_FALLING:
+                hits.append((r.seed, s0, s1, (v0 - v1) / v0))
+        if hits:
+            drops = _span([h[3] for h in hits], lambda v: f"{v:.1%}")
+            steps = ", ".join(sorted({f"{h[1]}→{h[2]}" for h in hits}))
+            out.append(f"at {scale}, {len(hits)} of its runs fell {drops} over steps {steps}")
+    return out
 
 
 def _secondary(rows: list[RunRow], baseline: str, blocks: list[Block]) -> None:
@@ -240,10 +432,10 @@ def _write_csv(rows: list[RunRow], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["key", "scale", "method", "seed", "state", "status", "val_loss", "params",
-                    "tokens", "diverged_at_step", "climb_avg", *tasks])
+                    "steps", "steps_planned", "tokens", "diverged_at_step", "climb_avg", *tasks])
         for r in rows:
             w.writerow([r.key, r.scale, r.method, r.seed, r.state, r.status, r.val_loss, r.params,
-                        r.tokens, r.diverged_at_step, r.climb_avg,
+                        r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.climb_avg,
                         *[r.tasks.get(t) for t in tasks]])
 
 
@@ -256,6 +448,8 @@ def _markdown(blocks: list[Block], out: Path) -> str:
             lines += [f"## {b.text}", ""]
         elif b.kind == "p":
             lines += [b.text, ""]
+        elif b.kind == "ul":
+            lines += [*(f"- {item}" for item in b.items), ""]
         elif b.kind == "table":
             lines.append("| " + " | ".join(b.header) + " |")
             lines.append("|" + "---|" * len(b.header))
@@ -278,6 +472,8 @@ def _html(blocks: list[Block]) -> str:
             body.append(f"<{b.kind}>{_inline(b.text)}</{b.kind}>")
         elif b.kind == "p":
             body.append(f"<p>{_inline(b.text)}</p>")
+        elif b.kind == "ul":
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
         elif b.kind == "table":
             head = "".join(f"<th>{_inline(h)}</th>" for h in b.header)
             rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"

@@ -35,7 +35,7 @@ def curves_plot(series: dict[str, Curve], title: str, ylabel: str, path: Path,
     if log_y:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    if series:
+    if any(series.values()):  # a legend needs at least one line
         ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
 
