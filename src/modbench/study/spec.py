@@ -15,6 +15,10 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     overrides: ["train.steps=300"]    # --set items applied to every run
     data: {source: builtin, data_seed: 1234, probe_mix: 0.0, probe_loss: all, order: fixed}
     evaluation: {probes: true, tasks: [], limit: null, primary: null}
+    claim:                            # optional: a published claim the verdicts test
+      source: "seeds/000 Table 3"
+      text: "Post-LN stalls on a deep, narrow model at a raised learning rate."
+      expect: {post_ln: [degrader, diverged]}   # the verdicts that agree with it
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
@@ -70,6 +74,19 @@ class EvalSpec:
     # when tasks are given, else val_loss
 
 
+VERDICTS = ("improver", "within_noise", "degrader", "diverged")
+
+
+@dataclass
+class ClaimSpec:
+    """A published claim the study tests: where it is made, what it says, and the verdict (or
+    verdicts) against the baseline that agree with it, per method."""
+
+    source: str = ""  # e.g. "seeds/000 Table 3; seeds/002 §5.3"
+    text: str = ""  # the claim, in a sentence or two
+    expect: dict[str, list[str]] = field(default_factory=dict)  # method -> agreeing verdicts
+
+
 @dataclass
 class StudySpec:
     name: str = "study"
@@ -82,6 +99,7 @@ class StudySpec:
     overrides: list[str] = field(default_factory=list)
     data: DataSpec = field(default_factory=DataSpec)
     evaluation: EvalSpec = field(default_factory=EvalSpec)
+    claim: ClaimSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,8 +159,11 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
             key = prefix + str(k)
             raise ModbenchError(f"unknown study key '{key}'{suggest(str(k), fields)}; "
                                 "see docs/studies.md")
-        sub = {"seeds": Seeds, "data": DataSpec, "evaluation": EvalSpec}.get(k)
-        if sub is not None and not prefix:
+        sub = {"seeds": Seeds, "data": DataSpec, "evaluation": EvalSpec,
+               "claim": ClaimSpec}.get(k)
+        if k == "claim" and v is None and not prefix:
+            kwargs[k] = None  # no claim (how spec.yaml records a spec without one)
+        elif sub is not None and not prefix:
             if not isinstance(v, dict):
                 raise ModbenchError(f"study key '{k}' must be a mapping")
             kwargs[k] = _build(sub, v, f"{k}.")
@@ -151,7 +172,27 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
     for name in ("methods", "scales", "overrides"):
         if name in kwargs and not isinstance(kwargs[name], list):
             raise ModbenchError(f"study key '{name}' must be a list")
+    if cls is ClaimSpec:
+        kwargs["expect"] = _claim_expectations(kwargs.get("expect") or {})
     return cls(**kwargs)
+
+
+def _claim_expectations(tree: Any) -> dict[str, list[str]]:
+    """``claim.expect``: method -> a verdict or a list of verdicts that agree with the claim."""
+    if not isinstance(tree, dict):
+        raise ModbenchError("study key 'claim.expect' must map methods to verdicts, e.g. "
+                            "{post_ln: [degrader, diverged]}")
+    out: dict[str, list[str]] = {}
+    for method, verdicts in tree.items():
+        vs = [verdicts] if isinstance(verdicts, str) else verdicts
+        if not isinstance(vs, list) or not vs:
+            raise ModbenchError(f"claim.expect.{method} must be a verdict or a list of them")
+        for v in vs:
+            if v not in VERDICTS:
+                raise ModbenchError(f"claim.expect.{method}: unknown verdict {v!r}"
+                                    f"{suggest(str(v), VERDICTS)}; use {', '.join(VERDICTS)}")
+        out[str(method)] = [str(v) for v in vs]
+    return out
 
 
 _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {("data", "probe_loss"): "all"}
@@ -181,6 +222,10 @@ def expand(spec: StudySpec) -> list[RunSpec]:
     unknown = anchors - set(methods)
     if unknown:
         raise ModbenchError(f"seeds.anchors names {sorted(unknown)} which are not in 'methods'")
+    claimed = set(spec.claim.expect) - set(methods) if spec.claim else set()
+    if claimed:
+        raise ModbenchError(f"claim.expect names {sorted(claimed)} which are not in 'methods'; "
+                            "expect verdicts only for methods the study runs")
     if spec.data.order not in DATA_ORDERS:
         raise ModbenchError(f"data.order must be one of {', '.join(DATA_ORDERS)}, got "
                             f"{spec.data.order!r}")

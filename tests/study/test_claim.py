@@ -1,0 +1,57 @@
+"""A study spec's ``claim``: a published claim, and the verdicts that agree with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modbench.errors import ModbenchError
+from modbench.study.spec import ClaimSpec, expand, load_spec
+
+
+def write(tmp_path: Path, claim: object, methods: tuple[str, ...] = ("post_ln", "mix_ln")) -> Path:
+    tree = {"name": "c", "methods": list(methods), "scales": ["tiny"], "claim": claim}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_claim_is_read_and_survives_the_round_trip_through_spec_yaml(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, {"source": "seeds/000 Table 3", "text": "Post-LN stalls.",
+                                      "expect": {"post_ln": ["degrader", "diverged"],
+                                                 "mix_ln": "improver"}}))
+    assert spec.claim == ClaimSpec("seeds/000 Table 3", "Post-LN stalls.",
+                                   {"post_ln": ["degrader", "diverged"], "mix_ln": ["improver"]})
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(spec.to_dict()))
+    assert load_spec(again) == spec
+    expand(spec)  # valid
+
+
+def test_a_spec_without_claim_round_trips(tmp_path: Path) -> None:
+    spec = load_spec("smoke-tiny")
+    assert spec.claim is None
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec.to_dict()))
+    assert load_spec(path).claim is None
+
+
+@pytest.mark.parametrize(("claim", "message"), [
+    ({"expect": {"post_ln": ["worse"]}}, "unknown verdict 'worse'"),
+    ({"expect": ["post_ln"]}, "must map methods to verdicts"),
+    ({"expect": {"post_ln": []}}, "must be a verdict or a list"),
+    ({"texts": "x"}, "unknown study key 'claim.texts'"),
+    ("Post-LN stalls", "must be a mapping"),
+])
+def test_bad_claims_are_refused_in_one_line(claim: object, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ModbenchError, match=message) as e:
+        load_spec(write(tmp_path, claim))
+    assert "\n" not in str(e.value)
+
+
+def test_expectations_only_for_methods_the_study_runs(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, {"expect": {"deepnorm": "degrader"}}))
+    with pytest.raises(ModbenchError, match=r"claim.expect names \['deepnorm'\]"):
+        expand(spec)
