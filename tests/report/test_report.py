@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from modbench.analysis.results import RunRow, StudyResults, compare_scales
+from modbench.analysis.results import RunRow, StudyResults, check_claim, compare_scales
 from modbench.cli import run_cli
 from modbench.report.build import budget_warnings, write_report
 from modbench.runtime.runfolder import curves
@@ -201,3 +201,45 @@ def test_short_runs_falling_losses_and_unfinished_runs_warn(tmp_path: Path) -> N
     res2 = fake_results(tmp_path / "two", {"baseline": 3, "a": 3}, extra=[other])
     assert list(res2.comparisons) == ["tiny"]
     assert "at small: no finished `baseline` run" in "\n".join(budget_warnings(res2))
+
+
+# ------------------------------------------------------------------ the claim a study tests
+
+
+def test_check_claim_outcomes() -> None:
+    comparisons = {"tiny": [{"method": "baseline", "verdict": "baseline"},
+                            {"method": "a", "verdict": "degrader"},
+                            {"method": "b", "verdict": "improver"},
+                            {"method": "c", "verdict": "within_noise"},
+                            {"method": "d", "verdict": "diverged"}]}
+    expect = {"a": ["degrader", "diverged"], "b": ["degrader"], "c": ["improver"],
+              "d": ["degrader", "diverged"], "e": ["improver"]}
+    check = check_claim(comparisons, expect, "a paper", "a claim")
+    assert [(r.method, r.outcome) for r in check.rows] == [
+        ("a", "agrees"), ("b", "contradicts"), ("c", "not shown"), ("d", "agrees"),
+        ("e", "not run")]
+    assert check.summary == "contradicted"
+    only_agree = check_claim(comparisons, {"a": ["degrader"], "d": ["diverged"]})
+    assert only_agree.summary == "agrees"
+    assert check_claim(comparisons, {"a": ["degrader"], "c": ["improver"]}).summary == \
+        "partly shown"
+
+
+def test_the_claim_opens_the_report(tmp_path: Path) -> None:
+    res = fake_results(tmp_path, {"baseline": 3, "a": 3, "b": 3})
+    verdicts = {r["method"]: r["verdict"] for r in res.comparisons["tiny"]}
+    res.claim = check_claim(res.comparisons, {"a": [verdicts["a"]], "b": ["improver"]},
+                            "Someone et al. 2025, Table 3", "A and B both help.")
+    out = write_report(res, tmp_path / "report")
+    md = (out / "report.md").read_text()
+    lines = md.splitlines()
+    assert lines[0] == "# Study report: fake" and lines[2] == "## The claim this study tests"
+    assert "**Claim** (Someone et al. 2025, Table 3): A and B both help." in md
+    b_outcome = "agrees" if verdicts["b"] == "improver" else (
+        "contradicts the claim" if verdicts["b"] in ("degrader", "diverged")
+        else "not shown at this budget")
+    assert f"`b` at tiny: measured **{verdicts['b']}**, the claim predicts improver: " \
+           f"{b_outcome}." in md
+    assert md.index("## The claim this study tests") < md.index("## Methods")
+    html_text = (out / "report.html").read_text()
+    assert "<b>Claim</b>" in html_text and "**" not in html_text

@@ -55,3 +55,24 @@ def test_expectations_only_for_methods_the_study_runs(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, {"expect": {"deepnorm": "degrader"}}))
     with pytest.raises(ModbenchError, match=r"claim.expect names \['deepnorm'\]"):
         expand(spec)
+
+
+def test_load_results_checks_the_claim_against_the_verdicts(tmp_path: Path) -> None:
+    """The fake study's verdicts: qknorm improver (15 sigma), post_ln degrader (5 sigma, Holm
+    over the two live methods), layerscale diverged; the spec's claim is held against them."""
+    from modbench.study.results import load_results
+    from tests.study.test_study import fake_study
+
+    folder = fake_study(tmp_path)
+    tree = yaml.safe_load((folder / "spec.yaml").read_text())
+    tree["claim"] = {"source": "a paper", "text": "qknorm helps, post_ln hurts",
+                     "expect": {"qknorm": ["improver"], "post_ln": ["degrader"],
+                                "layerscale": ["within_noise", "improver"]}}
+    (folder / "spec.yaml").write_text(yaml.safe_dump(tree))
+    res = load_results(folder)
+    assert res.claim is not None and res.claim.text == "qknorm helps, post_ln hurts"
+    got = {(r.scale, r.method): (r.verdict, r.outcome) for r in res.claim.rows}
+    assert got == {("tiny", "qknorm"): ("improver", "agrees"),
+                   ("tiny", "post_ln"): ("degrader", "agrees"),
+                   ("tiny", "layerscale"): ("diverged", "contradicts")}
+    assert res.claim.summary == "contradicted"

@@ -293,3 +293,40 @@ def test_a_folder_without_a_spec_uses_the_spec_defaults(tmp_path: Path) -> None:
     assert list(results.comparisons) == ["tiny"]
     with pytest.raises(ModbenchError, match="not a study folder"):
         load_results(tmp_path / "nothing")
+
+
+def test_two_worker_processes_run_a_study_and_exit_cleanly(tmp_path: Path) -> None:
+    """The spawn pool path: every run done once, the data prepared once by the parent, and the
+    workers leave no leaked semaphores behind (no resource_tracker warnings at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    spec = write_spec(tmp_path, methods=["qknorm"], evaluation={"probes": False})
+    # a fresh cache: the corpus is prepared during this study (by the parent, before workers)
+    env = {**os.environ, "PYTHONWARNINGS": "default", "MODBENCH_CACHE": str(tmp_path / "c")}
+    res = subprocess.run([sys.executable, "-m", "modbench", "study", "run", str(spec), "--out",
+                          str(tmp_path / "s"), "--workers", "2", "--no-progress", "--no-report"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "3 runs, 0 already done, 3 trained" in res.stdout
+    assert "leaked" not in res.stderr and "resource_tracker" not in res.stderr
+    from modbench.study.results import load_rows
+
+    rows = load_rows(tmp_path / "s")
+    assert sorted((r.method, r.seed, r.state) for r in rows) == [
+        ("baseline", 0, "done"), ("baseline", 1, "done"), ("qknorm", 0, "done")]
+
+
+def test_auto_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from modbench.study import runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    assert runner.auto_workers() == 2 and runner.LocalExecutor().workers == 2
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 64)
+    assert runner.auto_workers() == 8
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runner.auto_workers() == 1

@@ -138,6 +138,66 @@ class MethodFlops:
     flops_ratio: float
 
 
+DECIDED = ("improver", "degrader", "diverged")  # verdicts that settle a method's effect
+
+
+@dataclass(frozen=True)
+class ClaimRow:
+    """One method's verdict at one scale against the verdicts a published claim predicts.
+
+    ``outcome``: ``agrees`` (the verdict is one the claim predicts), ``contradicts`` (a
+    decided verdict, improver / degrader / diverged, the claim does not predict) or
+    ``not shown`` (within noise or undetermined where the claim predicts an effect: this
+    study could not tell), ``not run`` (no finished runs)."""
+
+    scale: str
+    method: str
+    verdict: str
+    expected: tuple[str, ...]
+    outcome: str
+
+
+@dataclass
+class ClaimCheck:
+    """A study's published claim (``claim`` in its spec) held against its verdicts."""
+
+    source: str
+    text: str
+    rows: list[ClaimRow]
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.rows)
+
+    @property
+    def summary(self) -> str:
+        """``agrees`` (every method agrees), ``contradicted`` (some decided verdict disagrees),
+        else ``partly shown``."""
+        if self.rows and self.count("agrees") == len(self.rows):
+            return "agrees"
+        return "contradicted" if self.count("contradicts") else "partly shown"
+
+
+def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, list[str]],
+                source: str = "", text: str = "") -> ClaimCheck:
+    """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
+    against the verdicts ``expect`` lists for it."""
+    rows: list[ClaimRow] = []
+    for scale, results in comparisons.items():
+        verdicts = {r["method"]: str(r["verdict"]) for r in results}
+        for method, expected in expect.items():
+            verdict = verdicts.get(method, "missing")
+            if verdict in expected:
+                outcome = "agrees"
+            elif verdict == "missing":
+                outcome = "not run"
+            elif verdict in DECIDED:
+                outcome = "contradicts"
+            else:
+                outcome = "not shown"
+            rows.append(ClaimRow(scale, method, verdict, tuple(expected), outcome))
+    return ClaimCheck(source, text, rows)
+
+
 @dataclass
 class StudyResults:
     """Everything a study report shows, as plain data."""
@@ -150,6 +210,7 @@ class StudyResults:
     rows: list[RunRow]
     comparisons: dict[str, list[dict[str, Any]]]  # scale -> compare() results as dicts
     flops: dict[str, dict[str, MethodFlops]] = field(default_factory=dict)  # scale -> method
+    claim: ClaimCheck | None = None  # the published claim the study tests, if it names one
 
     def flops_of(self, scale: str, method: str) -> MethodFlops | None:
         return self.flops.get(scale, {}).get(method)

@@ -36,6 +36,7 @@ from modbench.analysis.results import (
     ALPHA,
     CORRECTION,
     FLOOR_SIGMAS,
+    ClaimCheck,
     RunRow,
     StudyResults,
     higher_is_better,
@@ -90,6 +91,8 @@ def write_report(results: StudyResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, metric, baseline = results.rows, results.metric, results.baseline
     blocks: list[Block] = [Block("h1", f"Study report: {results.name}")]
+    if results.claim is not None:
+        _claim(results.claim, blocks)
     warnings = budget_warnings(results)
     if warnings:
         blocks += [Block("h2", "Warnings"), Block("ul", items=warnings)]
@@ -117,6 +120,31 @@ def write_report(results: StudyResults, out: Path) -> Path:
     (out / "report.md").write_text(_markdown(blocks, out))
     (out / "report.html").write_text(_html(blocks))
     return out
+
+
+_OUTCOME_WORDS = {"agrees": "agrees", "contradicts": "contradicts the claim",
+                  "not shown": "not shown at this budget", "not run": "not run"}
+
+
+def _claim(claim: ClaimCheck, blocks: list[Block]) -> None:
+    """The published claim the study tests, and whether the verdicts agree: the report's
+    first lines."""
+    head = {"agrees": "the measured verdicts agree with it",
+            "contradicted": "the measured verdicts contradict it in part",
+            "partly shown": "the measured verdicts agree with it in part; the rest is not "
+                            "shown at this budget"}[claim.summary]
+    counts = ", ".join(f"{claim.count(o)} {w}" for o, w in _OUTCOME_WORDS.items()
+                       if claim.count(o))
+    source = f" ({claim.source})" if claim.source else ""
+    blocks.append(Block("h2", "The claim this study tests"))
+    blocks.append(Block("p", f"**Claim**{source}: {claim.text}"))
+    blocks.append(Block("p", f"**Result: {head}** ({counts})."))
+    items = []
+    for r in claim.rows:
+        expected = " or ".join(r.expected)
+        items.append(f"`{r.method}` at {r.scale}: measured **{r.verdict}**, the claim predicts "
+                     f"{expected}: {_OUTCOME_WORDS[r.outcome]}.")
+    blocks.append(Block("ul", items=items))
 
 
 def _span(values: list[Any], fmt: Any = str) -> str:
@@ -461,8 +489,16 @@ def _markdown(blocks: list[Block], out: Path) -> str:
 
 
 def _inline(text: str) -> str:
+    """Markdown's inline code (`x`) and bold (**x**) as HTML, the rest escaped."""
     parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:
+            out.append(f"<code>{part}</code>")
+        else:
+            bold = part.split("**")
+            out.append("".join(f"<b>{b}</b>" if j % 2 else b for j, b in enumerate(bold)))
+    return "".join(out)
 
 
 def _html(blocks: list[Block]) -> str:

@@ -18,7 +18,9 @@ def run(
     out: Annotated[Path | None, typer.Option(
         help="Study folder [default: studies/<spec name>].")] = None,
     executor: Annotated[str, typer.Option(help="Where runs execute: local.")] = "local",
-    workers: Annotated[int, typer.Option(help="Parallel worker processes.")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        help="Parallel worker processes [default: one per CPU core (at most 8) without a GPU, "
+             "each on one thread; 1 with a GPU].")] = None,
     until_decided: Annotated[int | None, typer.Option(
         help="Then add seeds to methods whose interval straddles the decision threshold, up "
              "to N seeds per method.")] = None,

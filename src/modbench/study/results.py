@@ -10,6 +10,7 @@ from modbench.analysis.results import (
     MethodFlops,
     RunRow,
     StudyResults,
+    check_claim,
     compare_scales,
     default_metric,
 )
@@ -61,10 +62,13 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
         per_scale = flops.setdefault(r.scale, {})
         if r.method not in per_scale:
             per_scale[r.method] = method_flops(spec, r.scale, r.method, r.seed)
+    comparisons = compare_scales(rows, spec.baseline, metric, anchors)
+    claim = (check_claim(comparisons, spec.claim.expect, spec.claim.source, spec.claim.text)
+             if spec.claim else None)
     return StudyResults(
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
-        metric=metric, anchors=anchors, rows=rows,
-        comparisons=compare_scales(rows, spec.baseline, metric, anchors), flops=flops)
+        metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,
+        claim=claim)
 
 
 def write_study_report(folder: str | Path, metric: str | None = None) -> Path:

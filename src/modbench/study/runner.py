@@ -95,40 +95,62 @@ class Executor(Protocol):
     def run(self, jobs: list[Job]) -> Iterator[JobResult]: ...
 
 
+def auto_workers() -> int:
+    """``--workers`` left out: one worker per CPU core (at most 8) on a machine without a GPU,
+    each with one thread: small models run at least as fast on one thread, so processes, not
+    threads, fill the cores. With CUDA, one worker (the local executor has one device)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
 class LocalExecutor:
     """This machine: in process for one worker, else a spawn pool of ``workers`` processes
     sharing the CPU threads evenly."""
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int | None = None) -> None:
+        workers = auto_workers() if workers is None else workers
         if workers < 1:
             raise ModbenchError(f"--workers must be at least 1, got {workers}")
         self.workers = workers
 
     def run(self, jobs: list[Job]) -> Iterator[JobResult]:
-        if self.workers == 1:
+        workers = min(self.workers, len(jobs))
+        if workers <= 1:
             for job in jobs:
                 yield execute_job(job)
             return
-        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        threads = max(1, (os.cpu_count() or 1) // workers)
         jobs = [dataclasses.replace(j, threads=threads) for j in jobs]
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(self.workers) as pool:
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+        try:
             yield from pool.imap_unordered(execute_job, jobs)
+            pool.close()  # let the workers exit on their own (no leaked semaphores)
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
 
 
 EXECUTORS = {"local": LocalExecutor}
 
 
-def make_executor(name: str, workers: int) -> Executor:
+def make_executor(name: str, workers: int | None) -> Executor:
     if name not in EXECUTORS:
         raise ModbenchError(f"unknown executor '{name}'; available: {', '.join(EXECUTORS)} "
                             "(Ray and SLURM executors are planned)")
     return EXECUTORS[name](workers)
 
 
-def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local", workers: int = 1,
-              until_decided: int | None = None, progress: bool = True) -> dict[str, Any]:
+def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
+              workers: int | None = 1, until_decided: int | None = None,
+              progress: bool = True) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
+
+    ``workers``: parallel worker processes of the local executor (None: :func:`auto_workers`).
 
     ``until_decided=N``: afterwards, keep adding one seed at a time to every method whose
     interval still straddles the decision threshold (and to the baseline while it has no
@@ -157,6 +179,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
+    _prepare_data(todo, progress)
     counts["total"] += len(runs)
     counts["already_done"] += len(runs) - len(todo)
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
@@ -171,6 +194,20 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
             bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
     finally:
         bar.close()
+
+
+def _prepare_data(runs: list[RunSpec], progress: bool) -> None:
+    """Open (and for the built-in corpus, prepare) each distinct data set once here, before
+    workers start, so they never prepare the same data side by side or wait on it."""
+    from modbench.runtime.data import open_data
+
+    seen: set[tuple[str, int, int]] = set()
+    for r in runs:
+        c = r.config
+        key = (c.data.source, c.model.vocab_size, c.train.seq_len)
+        if key not in seen:
+            seen.add(key)
+            open_data(c, progress=progress)
 
 
 def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
