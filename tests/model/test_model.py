@@ -107,6 +107,25 @@ def test_lm_loss_is_shifted_cross_entropy() -> None:
     torch.testing.assert_close(lm_loss(logits, idx), manual)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lm_loss_and_its_gradient_equal_the_sliced_form(dtype: torch.dtype) -> None:
+    """lm_loss shifts the targets instead of slicing the logits (no (B, T, V) copy); value and
+    gradient equal the sliced form's: the mean cross-entropy of positions 0..T-2 (tolerance:
+    float32 summation order, 1e-6 relative; the last position's gradient is exactly 0)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 9, 11, generator=g).to(dtype).requires_grad_()
+    idx = torch.randint(0, 11, (3, 9), generator=g)
+    loss = lm_loss(logits, idx)
+    (grad,) = torch.autograd.grad(loss, logits)
+    ref_logits = logits.detach().clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(ref_logits[:, :-1].reshape(-1, 11).float(),
+                                            idx[:, 1:].reshape(-1))
+    (ref_grad,) = torch.autograd.grad(ref, ref_logits)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
+    assert torch.count_nonzero(grad[:, -1]) == 0
+
+
 def test_stream_shows_every_earlier_sublayer() -> None:
     """Each merge sees the stream state with one record per earlier sublayer: its input,
     its output and the stream value after it (the interface cross-layer methods build on)."""

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+IGNORE = -100  # the target index cross_entropy skips
+
 
 def lm_loss(logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None = None,
             count: int | None = None) -> torch.Tensor:
@@ -20,12 +22,17 @@ def lm_loss(logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None =
     their summed loss divided by ``count`` (default: how many there are), so micro-batches of
     one batch can share the batch's denominator.
     """
+    # The targets are shifted rather than the logits sliced: position t predicts idx[:, t+1],
+    # and the last position, which predicts nothing, gets the ignore index. Slicing
+    # logits[:, :-1] would copy the whole (B, T, V) tensor forward and zero-fill it backward.
     v = logits.shape[-1]
-    flat = logits[:, :-1].reshape(-1, v).float()
+    target = F.pad(idx[:, 1:], (0, 1), value=IGNORE)
+    if mask is not None:
+        target[:, :-1].masked_fill_(~mask, IGNORE)
+    flat, target = logits.reshape(-1, v).float(), target.reshape(-1)
     if mask is None:
-        return F.cross_entropy(flat, idx[:, 1:].reshape(-1))
-    target = idx[:, 1:].masked_fill(~mask, -100).reshape(-1)
-    total = F.cross_entropy(flat, target, ignore_index=-100, reduction="sum")
+        return F.cross_entropy(flat, target, ignore_index=IGNORE)
+    total = F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum")
     return total / max(int(mask.sum()) if count is None else count, 1)
 
 
