@@ -29,6 +29,7 @@ import torch
 
 from modbench.analysis.memory import saved_activation_bytes
 from modbench.config import resolve
+from modbench.methods.base import split_top
 from modbench.methods.build import build_model
 
 METHODS = [
@@ -79,23 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated method strings (commas inside parentheses are kept)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    print(table(measure(_split(args.methods), args.preset, args.seed), args.preset))
+    methods = [m.strip() for m in split_top(args.methods, ",") if m.strip()]
+    print(table(measure(methods, args.preset, args.seed), args.preset))
     return 0
-
-
-def _split(text: str) -> list[str]:
-    """Split on commas outside parentheses."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        out.append(cur.strip())
-    return out
 
 
 if __name__ == "__main__":

@@ -210,6 +210,49 @@ def flops(
                    f"{r['train_flops_per_token']:>16.4g} {r['flops_ratio']:>8.4f}")
 
 
+@app.command()
+def bench(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    methods: Annotated[str | None, typer.Option(
+        help="Comma-separated method strings for the overhead table, or 'all' "
+             "[default: one or two per category].")] = None,
+    preset: Annotated[str, typer.Option(help="Preset of the method table.")] = "cpu-small",
+    hf: Annotated[bool, typer.Option(
+        help="Compare with Hugging Face LlamaForCausalLM (needs transformers).")] = True,
+    hf_presets: Annotated[str, typer.Option(
+        help="Comma-separated presets of the Hugging Face comparison.")] = "cpu-small,llama-60m",
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16 (bf16 autocast)")] = "fp32",
+    compile: Annotated[bool, typer.Option(help="torch.compile every model.")] = False,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 5,
+    steps: Annotated[int, typer.Option(help="Timed steps per case per round.")] = 2,
+    threads: Annotated[int, typer.Option(help="torch threads (0: torch's default).")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Train-step speed, measured side by side in one process: the modbench baseline against
+    Hugging Face's LlamaForCausalLM of the same shape (tokens/s and their ratio), and each
+    method's step time over the baseline's. Medians of interleaved rounds; on CUDA also MFU
+    and step memory.
+
+    Example: modbench bench --json --methods baseline,qknorm,softpick --rounds 3
+    """
+    from modbench.analysis.bench import DEFAULT_METHODS, markdown, run_bench
+    from modbench.methods import load_all
+    from modbench.methods.base import split_top
+
+    if methods == "all":
+        names: list[str] | None = ["baseline", *sorted(load_all())]
+    elif methods:
+        names = [m.strip() for m in split_top(methods, ",") if m.strip()]
+    else:
+        names = list(DEFAULT_METHODS)
+    presets = [p.strip() for p in hf_presets.split(",") if p.strip()] if hf else None
+    report = run_bench(device=device, hf_presets=presets, methods=names, preset=preset,
+                       rounds=rounds, steps=steps, dtype=dtype, compile=compile,
+                       threads=threads, progress=progress)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+
+
 def run_cli(argv: list[str]) -> int:
     """Run the CLI on ``argv``; user errors become one line on stderr and exit code 2."""
     exit_types, usage_types, abort_types = _click_exceptions()

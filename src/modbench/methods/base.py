@@ -159,7 +159,8 @@ def load_all() -> dict[str, type[Method]]:
 _TERM = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(?:\((.*)\))?\s*$")
 
 
-def _split_top(s: str, sep: str) -> list[str]:
+def split_top(s: str, sep: str) -> list[str]:
+    """Split ``s`` on ``sep`` outside parentheses (method strings, option lists)."""
     parts, depth, cur = [], 0, ""
     for ch in s:
         if ch == "(":
@@ -182,7 +183,7 @@ def parse_methods(text: str) -> list[Method]:
     if text == "baseline":
         return []
     methods: list[Method] = []
-    for term in _split_top(text, "+"):
+    for term in split_top(text, "+"):
         m = _TERM.match(term)
         if not m or not term.strip():
             raise ModbenchError(
@@ -208,7 +209,7 @@ def _parse_options(cls: type[Method], args: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls.Options)}
     hints = get_type_hints(cls.Options)
     values: dict[str, Any] = {}
-    for item in (a for a in _split_top(args, ",") if a.strip()):
+    for item in (a for a in split_top(args, ",") if a.strip()):
         if "=" not in item:
             raise ModbenchError(
                 f"method option {item.strip()!r} of '{cls.name}' must be key=value"
