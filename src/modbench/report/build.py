@@ -133,8 +133,11 @@ def _claim(claim: ClaimCheck, blocks: list[Block]) -> None:
             "contradicted": "the measured verdicts contradict it in part",
             "partly shown": "the measured verdicts agree with it in part; the rest is not "
                             "shown at this budget"}[claim.summary]
-    counts = ", ".join(f"{claim.count(o)} {w}" for o, w in _OUTCOME_WORDS.items()
-                       if claim.count(o))
+    n, c = len(claim.rows), claim.count("contradicts")
+    counts = "; ".join([f"{claim.count('agrees')} of {n} agree"]
+                       + ([f"{c} contradict{'s' if c == 1 else ''} it"] if c else [])
+                       + [f"{claim.count(o)} {w}" for o, w in (("not shown", "not shown at "
+                          "this budget"), ("not run", "not run")) if claim.count(o)])
     source = f" ({claim.source})" if claim.source else ""
     blocks.append(Block("h2", "The claim this study tests"))
     blocks.append(Block("p", f"**Claim**{source}: {claim.text}"))
