@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,47 @@ def test_a_resumed_run_starts_its_callbacks_at_the_checkpoint_step(tmp_path: Pat
     seen: list[str] = []
     train(cfg(), tmp_path / "r", resume=True, callbacks=[Recorder("a", seen)], progress=False)
     assert seen[0] == "a:start@3"
+
+
+def test_the_batch_hash_is_the_data_order(tmp_path: Path) -> None:
+    """summary.batches_sha256 chains every batch a run saw: equal for every method and init
+    seed on one data order, different on another, and a resumed run ends on the same hash."""
+    a = train(tiny("baseline", 0, 6), tmp_path / "a", progress=False)
+    b = train(tiny("post_ln+qknorm", 5, 6), tmp_path / "b", progress=False)
+    c = train(tiny("baseline", 0, 6, "data.data_seed=7"), tmp_path / "c", progress=False)
+    assert a["batches_sha256"] == b["batches_sha256"] != c["batches_sha256"]
+    assert len(a["batches_sha256"]) == 64
+    cfg = lambda: tiny("baseline", 0, 6, "train.checkpoint_every=3")  # noqa: E731
+    with pytest.raises(RuntimeError, match="killed"):
+        train(cfg(), tmp_path / "r", callbacks=[Kill(5)], progress=False)
+    resumed = train(cfg(), tmp_path / "r", resume=True, progress=False)
+    assert resumed["batches_sha256"] == a["batches_sha256"]
+    # probe rows and their loss mask are part of what a run saw
+    d = train(tiny("baseline", 0, 6, "data.probe_mix=0.5", "data.probe_loss=answers"),
+              tmp_path / "d", progress=False)
+    assert d["batches_sha256"] not in (a["batches_sha256"], c["batches_sha256"])
+
+
+def test_resume_refuses_data_that_changed(tmp_path: Path) -> None:
+    from modbench.data import prepare_dataset
+
+    def corpus(words: str) -> list[str]:
+        return [f"Document {i}: " + " ".join([words] * (20 + i % 7)) for i in range(300)]
+
+    data = tmp_path / "data"
+    prepare_dataset(corpus("the model reads tokens"), "builtin", data, seq_len=64,
+                    vocab_size=512, val_fraction=0.2, progress=False)
+    cfg = lambda: tiny("baseline", 0, 6, f"data.source={data}",  # noqa: E731
+                       "train.checkpoint_every=3")
+    with pytest.raises(RuntimeError, match="killed"):
+        train(cfg(), tmp_path / "r", callbacks=[Kill(4)], progress=False)
+    stored = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert len(stored["meta"]["data"]["fingerprint"]) == 64
+    before = (tmp_path / "r" / "metrics.jsonl").read_bytes()
+    shutil.rmtree(data)
+    prepare_dataset(corpus("a different text entirely"), "builtin", data, seq_len=64,
+                    vocab_size=512, val_fraction=0.2, progress=False)
+    with pytest.raises(ModbenchError, match=r"the data at .* changed since the run started") as e:
+        train(cfg(), tmp_path / "r", resume=True, progress=False)
+    assert "\n" not in str(e.value)
+    assert (tmp_path / "r" / "metrics.jsonl").read_bytes() == before  # nothing touched

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -148,6 +149,14 @@ class TokenDataset:
             return Tokenizer.from_file(str(tok_file))
         except Exception as exc:
             raise ModbenchError(f"{tok_file} is corrupt; {_PREPARE_HINT}") from exc
+
+    def fingerprint(self) -> str:
+        """sha256 of what decides the tokens a run reads: the packing (seq_len, dtype), the
+        tokenizer's record and every shard's name, size and checksum. Two directories with the
+        same fingerprint give the same batches; a run refuses to resume on another."""
+        keep = {k: self.meta[k] for k in ("seq_len", "dtype", "tokenizer", "splits")}
+        blob = json.dumps(keep, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
 
     def check_vocab(self, model_vocab_size: int) -> None:
         """Raise unless the model's vocabulary size equals the data's."""

@@ -22,6 +22,7 @@ The run folder's files are described in :mod:`modbench.runtime.runfolder` and do
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import math
 import shutil
@@ -74,9 +75,22 @@ class Progress:
     diverged_at: int | None = None
     grad_norms: collections.deque[tuple[int, float | None]] = field(
         default_factory=lambda: collections.deque(maxlen=LAST_GRAD_NORMS))
+    # sha256 chained over every training batch seen, in step order (None: a resume from a
+    # checkpoint that did not record it)
+    batches_sha256: str | None = ""
 
     def diverge(self, at: int) -> None:
         self.status, self.diverged_at = "diverged", at
+
+    def saw(self, batch: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Chain the step's batch (and loss mask) into :attr:`batches_sha256`."""
+        if self.batches_sha256 is None:
+            return
+        h = hashlib.sha256(self.batches_sha256.encode())
+        h.update(batch.numpy().tobytes())
+        if mask is not None:
+            h.update(mask.numpy().tobytes())
+        self.batches_sha256 = h.hexdigest()
 
 
 class Trainer:
@@ -132,6 +146,7 @@ class Trainer:
                 self.engine.set_lr(lr)
                 batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
                                                              self.cfg.data.data_seed)
+                prog.saw(batch, mask)
                 self._emit("on_batch", step, batch)
                 loss = self.engine.backward(batch, mask)
                 grad_norm = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip)
@@ -198,7 +213,8 @@ class Trainer:
         save_checkpoint(self.out / CHECKPOINT, {
             **self.engine.state_dict(), "step": step, "train_time": prog.train_time,
             "metrics_offset": self.log.tell(), "initial_val_loss": prog.initial_val,
-            "config": self.cfg.to_dict(),
+            "config": self.cfg.to_dict(), "batches_sha256": prog.batches_sha256,
+            "data_fingerprint": self.data.fingerprint(),
         })
 
     def _start(self) -> tuple[Progress, int | None]:
@@ -217,12 +233,15 @@ class Trainer:
                 compile=tc.compile)
             if self.resume:
                 state = load_checkpoint(self.out / CHECKPOINT)
+                self._check_same_data(state.get("data_fingerprint"))
                 self.engine.load_state_dict(state)
                 prog = Progress(step=state["step"], train_time=state["train_time"],
-                                initial_val=state["initial_val_loss"])
+                                initial_val=state["initial_val_loss"],
+                                batches_sha256=state.get("batches_sha256"))
                 return prog, state["metrics_offset"]
             meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
-                                    "params": self.plan.count_params()}
+                                    "params": self.plan.count_params(),
+                                    "data": {"fingerprint": self.data.fingerprint()}}
             if self.init_checkpoint is not None:
                 meta["init_from"] = load_initial_weights(self.model, self.plan.methods,
                                                          cfg.model, self.init_checkpoint)
@@ -260,12 +279,23 @@ class Trainer:
             "last_grad_norms": [{"step": s, "grad_norm": g} for s, g in prog.grad_norms],
             "device": str(self.device),
             "train_time_s": prog.train_time,
+            "batches_sha256": prog.batches_sha256,
         }
         self._emit("on_train_end", summary)
         atomic_write_text(self.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
         return summary
 
     # ------------------------------------------------------------------ set-up checks
+
+    def _check_same_data(self, recorded: str | None) -> None:
+        """A resumed run must read the tokens it started on (old checkpoints: not recorded)."""
+        now = self.data.fingerprint()
+        if recorded is not None and recorded != now:
+            raise ModbenchError(
+                f"cannot resume {self.out}: the data at {self.data.path} changed since the run "
+                f"started (fingerprint {recorded[:12]} then, {now[:12]} now); resume on the "
+                "data it started with, or start a new run"
+            )
 
     def _check_out_dir(self) -> None:
         if self.resume:
