@@ -45,9 +45,14 @@ def train(
              "[default: baseline].")] = None,
     seed: Annotated[int | None, typer.Option(
         help="Init seed; the data order never depends on it [default: 0].")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        help="Several init seeds, comma-separated (e.g. 0,1,2): trained stacked in one "
+             "process on the same batches, one run folder each (OUT/s<seed>); a method that "
+             "cannot stack trains them one at a time.")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps (preset default).")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>).")] = None,
+        help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>; with --seeds the "
+             "parent of one folder per seed).")] = None,
     recipe: Annotated[str | None, typer.Option(
         help="Recipe (`modbench recipes`; default: the preset's).")] = None,
     config: Annotated[Path | None, typer.Option(
@@ -69,13 +74,17 @@ def train(
     Example: modbench train --preset tiny --method post_ln+qknorm --seed 1 --steps 50 --out runs/t
     """
     from modbench.config import resolve
+    from modbench.methods.build import plan
     from modbench.train.trainer import train as run_train
+    from modbench.train.trainer import train_seeds
 
+    seed_list = _seed_list(seeds, seed)
     overrides = list(set_ or [])
     if checkpoint_every is not None:
         overrides.append(f"train.checkpoint_every={checkpoint_every}")
-    if resume and config is None and out is not None and (out / "config.yaml").is_file():
-        config = out / "config.yaml"
+    first = out / f"s{seed_list[0]}" if seed_list and out is not None else out
+    if resume and config is None and first is not None and (first / "config.yaml").is_file():
+        config = first / "config.yaml"
     cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
                   overrides=overrides)
     if out is None:
@@ -83,9 +92,41 @@ def train(
             raise ModbenchError("--resume needs --out, the folder of the run to continue")
         safe = cfg.model.method.replace("+", "_").replace("(", "_").replace(")", "")
         safe = "".join(c if c.isalnum() or c in "_-.=" else "_" for c in safe)[:80]
-        out = Path("runs") / f"{cfg.preset}-{safe}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = run_train(cfg, out, resume=resume, progress=progress)
-    _print_summary(summary, out)
+        which = f"s{cfg.seed}" if not seed_list else "seeds" + "_".join(map(str, seed_list))
+        out = Path("runs") / f"{cfg.preset}-{safe}-{which}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not seed_list:
+        _print_summary(run_train(cfg, out, resume=resume, progress=progress), out)
+        return
+    p = plan(cfg.model)
+    if p.stackable:
+        summaries = train_seeds(cfg, seed_list, out, resume=resume, progress=progress)
+        typer.echo(f"stacked {len(seed_list)} seeds in one process")
+    else:
+        typer.echo(f"note: method '{p.method}' cannot stack seeds in one process "
+                   f"({p.stack_note}); training them one at a time")
+        summaries = []
+        for s in seed_list:
+            one = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=s,
+                          steps=steps, overrides=overrides)
+            summaries.append(run_train(one, out / f"s{s}", resume=resume, progress=progress))
+    for s, summary in zip(seed_list, summaries, strict=True):
+        _print_summary(summary, out / f"s{s}")
+
+
+def _seed_list(seeds: str | None, seed: int | None) -> list[int]:
+    """``--seeds 0,1,2`` as distinct ints ([] when not given)."""
+    if seeds is None:
+        return []
+    if seed is not None:
+        raise ModbenchError("give --seed or --seeds, not both")
+    try:
+        out = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise ModbenchError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got "
+                            f"{seeds!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise ModbenchError(f"--seeds needs distinct init seeds, e.g. 0,1,2; got {seeds!r}")
+    return out
 
 
 def _print_summary(s: dict[str, Any], out: Path) -> None:

@@ -51,6 +51,11 @@ class Method:
     # True for batch-statistic methods (PowerNorm, PRepBN): in training mode a token's output
     # depends on other positions (future ones included); shown by `modbench methods`.
     leaks_across_positions: ClassVar[bool] = False
+    # False for a method whose forward cannot run vmapped over stacked seeds (it updates
+    # buffers during the forward, reads a tensor's value in Python, or uses an op without a
+    # vmap rule); ``stack_note`` says why. Such a method's seeds train one at a time.
+    stackable: ClassVar[bool] = True
+    stack_note: ClassVar[str] = ""
 
     def __init__(self, options: Any = None) -> None:
         self.opts = options if options is not None else self.Options()
@@ -115,6 +120,7 @@ class Method:
             },
             "recipe_exceptions": dict(cls.recipe_exceptions),
             "leaks_across_positions": cls.leaks_across_positions,
+            "stackable": cls.stackable,
         }
 
 

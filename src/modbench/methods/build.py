@@ -28,6 +28,17 @@ class Plan:
     spec: ModelSpec
 
     @property
+    def stackable(self) -> bool:
+        """Whether seeds of this model can train stacked in one process
+        (:class:`modbench.train.engine.LocalEngine`)."""
+        return all(m.stackable for m in self.methods)
+
+    @property
+    def stack_note(self) -> str:
+        """Why not, when not: the first non-stackable method's note."""
+        return next((f"{m.name}: {m.stack_note}" for m in self.methods if not m.stackable), "")
+
+    @property
     def method(self) -> str:
         """The canonical method string (names, and options that differ from the defaults)."""
         return canonical(self.methods)

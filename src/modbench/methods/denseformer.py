@@ -159,6 +159,8 @@ def _check(cfg: ModelConfig, dilation: int, period: int) -> None:
 class DenseFormer(Method):
     name = "denseformer"
     category = "residual"
+    stackable = False
+    stack_note = "its depth-weighted average is an autograd.Function without a vmap rule"
     citation = ("Pagliardini, Mohtashami, Fleuret, Jaggi 2024, DenseFormer: Enhancing "
                 "Information Flow in Transformers via Depth Weighted Averaging")
     summary = ("Depth-weighted average of the embedding and all earlier block outputs after "

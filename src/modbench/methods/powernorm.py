@@ -134,6 +134,8 @@ class PowerNormLayer(nn.Module):
 class PowerNorm(Method):
     name = "powernorm"
     category = "norm"
+    stackable = False
+    stack_note = "it updates running statistics during the forward and reads their count in Python"
     citation = ("Shen, Yao, Gholami, Mahoney, Keutzer 2020, PowerNorm: Rethinking Batch "
                 "Normalization in Transformers (ICML)")
     summary = ("Batch quadratic-mean norm with running stats and approximate backward; "

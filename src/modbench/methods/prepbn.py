@@ -144,6 +144,8 @@ class PRepBNLayer(nn.Module):
 class PRepBN(Method):
     name = "prepbn"
     category = "norm"
+    stackable = False
+    stack_note = "it updates running statistics (buffers) during the forward"
     citation = ("Guo et al. 2024, SLAB: Efficient Transformers with Simplified Linear Attention "
                 "and Progressive Re-parameterized Batch Normalization (ICML)")
     summary = ("lambda RMSNorm + (1-lambda) (BN(x) + eta x), lambda 1 -> 0 over training; "

@@ -79,6 +79,9 @@ class SelectiveKernel(nn.Module):
 class SelectiveAttention(Method):
     name = "selective"
     category = "attention"
+    stackable = False
+    stack_note = ("its selection mask carries a gradient into SDPA, which the vmapped CPU "
+                  "kernel cannot differentiate")
     citation = "Leviathan, Kalman, Matias 2024, Selective Attention Improves Transformer"
     summary = "Head 0's ReLU logits, accumulated over later queries, are subtracted as a mask."
 

@@ -126,6 +126,8 @@ class HardCapKernel(_CapKernel):
 class SoftmaxCap(Method):
     name = "softcap"
     category = "attention"
+    stackable = False
+    stack_note = "its capped kernel branches on a tensor's value"
     citation = ("Gemma Team 2024, Gemma 2: Improving Open Language Models at a Practical "
                 "Size (logit soft-capping)")
     summary = "Caps the pre-softmax attention logits at c: clamp (hard, default) or c*tanh(s/c)."

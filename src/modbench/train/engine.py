@@ -1,103 +1,164 @@
-"""The training loop's only view of the weights: an engine holds the model and its optimizer
-and does the numerical part of a step (forward and backward over micro-batches, clipping,
-the update) and of validation.
+"""The training loop's only view of the weights: an engine holds the members' models and
+optimizers and does the numerical part of a step (forward and backward over micro-batches,
+clipping, the update) and of validation.
 
-The loop (:class:`modbench.train.trainer.Trainer`) owns everything else: the schedule, the
-batches, logging, checkpoints, divergence and callbacks. So a K-seed ensemble (stacked weights,
-one loss per member) or a multi-process run (DDP/FSDP wrapping the model, all-reduced losses)
-is another engine, driven by the same loop. :class:`ModelEngine` is the one-model,
-one-device engine.
+A *member* is one seed's run. The loop (:class:`modbench.train.trainer.Trainer`) owns
+everything else, per member: the schedule, the batches (the same for every member), logging,
+checkpoints, divergence and callbacks. So a single run (one member), a K-seed ensemble and,
+later, a multi-process run (DDP/FSDP wrapping the model, all-reduced losses) are one loop over
+different engines.
+
+:class:`LocalEngine` runs K members on one device. With one member it is a plain forward and
+backward. With several it stacks the members' weights (``torch.func.stack_module_state`` on
+every micro-batch; the members' own modules stay the source of truth) and runs one vmapped
+forward and backward for all of them, so the members share each kernel launch; each member
+keeps its own optimizer and is clipped on its own gradient norm, exactly as a separate run.
+Only methods that declare ``stackable`` can be stacked (a method that updates buffers during
+the forward, reads a tensor's value in Python, or has no vmap rule cannot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import warnings
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
 
 from modbench.runtime.loss import lm_loss, validation_loss
 
 
 class Engine(Protocol):
-    model: nn.Module  # the weights, unwrapped (what callbacks, probes and checkpoints see)
-    optimizer: torch.optim.Optimizer
+    models: list[nn.Module]  # one per member: the weights, unwrapped
+    optimizers: list[torch.optim.Optimizer]
 
     def set_lr(self, lr: float) -> None: ...
-    def backward(self, batch: torch.Tensor, mask: torch.Tensor | None) -> float: ...
-    def clip_grad_norm(self, max_norm: float) -> float: ...
-    def update(self) -> None: ...
+    def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
+                 members: Sequence[int]) -> list[float]: ...
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]: ...
+    def update(self, members: Sequence[int]) -> None: ...
     def discard(self) -> None: ...
     def synchronize(self) -> None: ...
-    def validation_loss(self, data: Any, n_sequences: int, batch_size: int) -> float: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def validation_loss(self, member: int, data: Any, n_sequences: int,
+                        batch_size: int) -> float: ...
+    def state_dict(self, member: int) -> dict[str, Any]: ...
+    def load_state_dict(self, member: int, state: dict[str, Any]) -> None: ...
 
 
-class ModelEngine:
-    """One model and its optimizer on one device.
+class LocalEngine:
+    """K members' models and optimizers on one device.
 
     ``n_micro`` micro-batches per step (gradient accumulation); ``compile`` runs the forward
-    through ``torch.compile`` while :attr:`model` stays the plain module.
+    (the vmapped one for several members) through ``torch.compile`` while :attr:`models`
+    stay the plain modules.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                 autocast: Callable[[], AbstractContextManager[Any]], *, n_micro: int = 1,
-                 compile: bool = False) -> None:
-        self.model, self.optimizer, self.device = model, optimizer, device
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+                 device: torch.device, autocast: Callable[[], AbstractContextManager[Any]], *,
+                 n_micro: int = 1, compile: bool = False) -> None:
+        self.models, self.optimizers, self.device = models, optimizers, device
         self.autocast, self.n_micro = autocast, n_micro
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = (
-            torch.compile(model) if compile else model)  # type: ignore[assignment]
+        if len(models) == 1:
+            self.forward: Callable[..., torch.Tensor] = (
+                torch.compile(models[0]) if compile else models[0])  # type: ignore[assignment]
+        else:
+            base = copy.deepcopy(models[0]).to("meta")  # the structure; weights come stacked
+
+            def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                            micro: torch.Tensor, mask: torch.Tensor | None,
+                            count: int) -> torch.Tensor:
+                logits = functional_call(base, (params, buffers), (micro,))
+                return (lm_loss(logits, micro) / self.n_micro if mask is None
+                        else lm_loss(logits, micro, mask, count))
+
+            stacked = vmap(member_loss, in_dims=(0, 0, None, None, None))
+            self.forward = torch.compile(stacked) if compile else stacked  # type: ignore
+            self.base = base
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
 
-    def backward(self, batch: torch.Tensor, mask: torch.Tensor | None) -> float:
-        """Accumulate the gradient of the batch's mean loss over its micro-batches; return that
-        loss. With ``mask`` (``data.probe_loss=answers``) only the kept predictions count, all
-        micro-batches sharing the batch's denominator."""
+    def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
+                 members: Sequence[int]) -> list[float]:
+        """Accumulate, for each of ``members``, the gradient of the batch's mean loss over its
+        micro-batches; return those losses. With ``mask`` (``data.probe_loss=answers``) only
+        the kept predictions count, all micro-batches sharing the batch's denominator."""
         micros = batch.to(self.device).chunk(self.n_micro)
         count = int(mask.sum()) if mask is not None else 0
         masks = (mask.to(self.device).chunk(self.n_micro) if mask is not None
                  else (None,) * len(micros))
-        total = 0.0
+        if len(self.models) == 1:
+            total = 0.0
+            for micro, m in zip(micros, masks, strict=True):
+                with self.autocast():
+                    logits = self.forward(micro)
+                    loss = (lm_loss(logits, micro) / self.n_micro if m is None
+                            else lm_loss(logits, micro, m, count))
+                loss.backward()
+                total += loss.item()
+            return [total]
+        live = [self.models[k] for k in members]
+        totals = torch.zeros(len(live), dtype=torch.float64)
         for micro, m in zip(micros, masks, strict=True):
-            with self.autocast():
-                logits = self.forward(micro)
-                loss = (lm_loss(logits, micro) / self.n_micro if m is None
-                        else lm_loss(logits, micro, m, count))
-            loss.backward()
-            total += loss.item()
-        return total
+            params, buffers = stack_module_state(live)  # type: ignore[arg-type]
+            with self.autocast(), warnings.catch_warnings():
+                # CPU SDPA has no vmap rule yet: torch loops over the members and says so on
+                # every call (docs/architecture.md states what stacking gains where)
+                warnings.filterwarnings("ignore", message="There is a performance drop")
+                losses = self.forward(params, buffers, micro, m, count)
+                losses.sum().backward()
+            totals += losses.detach().to("cpu", torch.float64)
+            self._unstack_grads(live, params)
+        return totals.tolist()
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """The global gradient norm before clipping (``max_norm <= 0``: no clipping)."""
+    @staticmethod
+    def _unstack_grads(live: list[nn.Module], params: dict[str, torch.Tensor]) -> None:
+        """Add each member's slice of the stacked gradients to its own parameters' grads."""
+        for name, stacked in params.items():
+            if stacked.grad is None:
+                continue
+            for k, model in enumerate(live):
+                p = model.get_parameter(name)
+                g = stacked.grad[k]
+                p.grad = g.clone() if p.grad is None else p.grad.add_(g)
+
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]:
+        """Each member's global gradient norm before clipping (``max_norm <= 0``: none)."""
         clip = max_norm if max_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        return [float(torch.nn.utils.clip_grad_norm_(self.models[k].parameters(), clip))
+                for k in members]
 
-    def update(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    def update(self, members: Sequence[int]) -> None:
+        """Step the optimizers of ``members``; every member's gradients are cleared."""
+        for k in members:
+            self.optimizers[k].step()
+        self.discard()
 
     def discard(self) -> None:
-        """Drop the step's gradients without applying them (a non-finite step)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        """Drop the step's gradients without applying them."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def synchronize(self) -> None:
         """Wait for queued device work (honest step times on CUDA)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def validation_loss(self, data: Any, n_sequences: int, batch_size: int) -> float:
-        return validation_loss(self.model, data, n_sequences, batch_size, self.device,
-                               self.autocast)
+    def validation_loss(self, member: int, data: Any, n_sequences: int,
+                        batch_size: int) -> float:
+        return validation_loss(self.models[member], data, n_sequences, batch_size,
+                               self.device, self.autocast)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+    def state_dict(self, member: int) -> dict[str, Any]:
+        return {"model": self.models[member].state_dict(),
+                "optimizer": self.optimizers[member].state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, member: int, state: dict[str, Any]) -> None:
+        self.models[member].load_state_dict(state["model"])
+        self.optimizers[member].load_state_dict(state["optimizer"])

@@ -22,6 +22,7 @@ The run folder's files are described in :mod:`modbench.runtime.runfolder` and do
 from __future__ import annotations
 
 import collections
+import copy
 import hashlib
 import json
 import math
@@ -56,7 +57,7 @@ from modbench.runtime.runfolder import (
     MetricsLog,
     code_version,
 )
-from modbench.train.engine import Engine, ModelEngine
+from modbench.train.engine import Engine, LocalEngine
 from modbench.train.optim import build_optimizer
 from modbench.train.schedule import lr_at
 
@@ -65,7 +66,8 @@ LAST_GRAD_NORMS = 10
 
 @dataclass
 class Progress:
-    """Where the run stands: what a checkpoint saves besides the weights, and the outcome."""
+    """Where a member's run stands: what a checkpoint saves besides the weights, and the
+    outcome."""
 
     step: int = 0  # optimizer steps done when the loop (re)starts
     train_time: float = 0.0
@@ -78,6 +80,10 @@ class Progress:
     # sha256 chained over every training batch seen, in step order (None: a resume from a
     # checkpoint that did not record it)
     batches_sha256: str | None = ""
+
+    @property
+    def live(self) -> bool:
+        return self.status == "completed"
 
     def diverge(self, at: int) -> None:
         self.status, self.diverged_at = "diverged", at
@@ -93,170 +99,271 @@ class Progress:
         self.batches_sha256 = h.hexdigest()
 
 
+class Member:
+    """One seed's run in a trainer: its config, folder, callbacks, progress and log. It is
+    what callbacks receive as ``run`` (:class:`~modbench.runtime.callback.TrainingRun`)."""
+
+    def __init__(self, trainer: Trainer, index: int, cfg: RunConfig, out: Path,
+                 callbacks: list[Callback]) -> None:
+        self.trainer, self.index, self.cfg, self.out = trainer, index, cfg, out
+        self.callbacks = callbacks
+        self.prog = Progress()
+        self.log: MetricsLog
+
+    @property
+    def model(self) -> nn.Module:
+        return self.trainer.engine.models[self.index]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.engine.optimizers[self.index]
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.device
+
+    @property
+    def data(self) -> Any:
+        return self.trainer.data
+
+    @property
+    def step(self) -> int:
+        return self.trainer.step
+
+
 class Trainer:
-    """Train one run. Construct (which validates everything and writes nothing), then
-    :meth:`run`. The caller's config is not changed: :attr:`cfg` is the run's own copy, with
-    the canonical method string and the methods' recipe exceptions."""
+    """Train one run, or several seeds of one run stacked (``seeds``). Construct (which
+    validates everything and writes nothing), then :meth:`run` (one run) or :meth:`run_all`.
+
+    ``seeds``: train these init seeds of ``cfg`` together, every member on the same batches,
+    in one process (:class:`~modbench.train.engine.LocalEngine`); ``out_dir`` is then one folder
+    per seed, or a parent folder that gets ``s<seed>/`` per seed. Each member's folder is an
+    ordinary run folder. The method must be stackable (``Plan.stackable``).
+
+    The caller's config is not changed: :attr:`cfg` (the first member's) is the run's own
+    copy, with the canonical method string and the methods' recipe exceptions.
+    """
 
     def __init__(
         self,
         cfg: RunConfig,
-        out_dir: str | Path,
+        out_dir: str | Path | Sequence[str | Path],
         *,
+        seeds: Sequence[int] | None = None,
         resume: bool = False,
         callbacks: Sequence[Callback] = (),
         progress: bool = True,
     ) -> None:
-        self.out, self.resume, self.progress = Path(out_dir), resume, progress
+        self.resume, self.progress = resume, progress
         # 1. methods: unknown or conflicting ones fail here, before any file is written
         self.cfg, self.plan = plan_run(cfg)
-        # 2. the run folder (and the initial weights of a fresh start)
-        self._check_out_dir()
+        outs, cfgs = _member_runs(self.cfg, out_dir, seeds)
+        if len(cfgs) > 1 and not self.plan.stackable:
+            raise ModbenchError(f"method '{self.plan.method}' cannot stack seeds in one process "
+                                f"({self.plan.stack_note}); train its seeds one at a time")
         tc = self.cfg.train
+        self.members = [Member(self, k, c, o, [
+            *(cb for m in self.plan.methods for cb in m.callbacks()),
+            *([ProbeScoring(tc.eval_probes)] if tc.eval_probes else []), *callbacks])
+            for k, (c, o) in enumerate(zip(cfgs, outs, strict=True))]
+        # 2. the run folders (and the initial weights of a fresh start)
+        for m in self.members:
+            self._check_out_dir(m)
         self.init_checkpoint = (None if resume or tc.init_from is None
                                 else init_checkpoint(tc.init_from))
         # 3. data (missing, corrupt, wrong vocabulary, wrong packing)
         self.data = open_data(self.cfg, progress)
         self.device = resolve_device(tc.device)
-        standard: list[Callback] = [ProbeScoring(tc.eval_probes)] if tc.eval_probes else []
-        self.callbacks: list[Callback] = [cb for m in self.plan.methods for cb in m.callbacks()]
-        self.callbacks += [*standard, *callbacks]
-        self.step = 0
+        self.out, self.step = self.members[0].out, 0
+
+    @property
+    def model(self) -> nn.Module:
+        """The first member's model (the model of a single run)."""
+        return self.engine.models[0]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The first member's optimizer."""
+        return self.engine.optimizers[0]
 
     # ----------------------------------------------------------------------- the loop
 
     def run(self) -> dict[str, Any]:
-        """Train to ``train.steps`` (or to divergence) and return the summary, which is also
-        written to ``summary.json``."""
+        """Train one run (see :meth:`run_all`) and return its summary."""
+        if len(self.members) != 1:
+            raise ValueError("this trainer stacks several seeds: call run_all()")
+        return self.run_all()[0]
+
+    def run_all(self) -> list[dict[str, Any]]:
+        """Train every member to ``train.steps`` (or to its divergence) and return their
+        summaries, which are also written to each ``summary.json``."""
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
-        prog, metrics_offset = self._start()
-        self.step = prog.step
-        self.log = MetricsLog(self.out / METRICS, truncate_at=metrics_offset)
-        bar = tqdm(total=tc.steps, initial=prog.step, disable=not self.progress, unit="step",
-                   desc=f"{self.cfg.model.method} s{self.cfg.seed}", dynamic_ncols=True)
+        self.step = start = self._start()
+        bar = tqdm(total=tc.steps, initial=start, disable=not self.progress, unit="step",
+                   desc=self._label(), dynamic_ncols=True)
         try:
-            self._emit("on_train_start")
-            if prog.initial_val is None:
-                prog.initial_val = self._validate(prog, 0)
-            for step in range(prog.step, tc.steps):
+            self._emit(self.members, "on_train_start")
+            for m in self.members:
+                if m.prog.initial_val is None:
+                    m.prog.initial_val = self._validate(m, 0)
+            for step in range(start, tc.steps):
+                live = [m for m in self.members if m.prog.live]
+                if not live:
+                    break
                 self.step, done, t0 = step, step + 1, time.perf_counter()
                 lr = lr_at(step, self.cfg.recipe, tc.steps)
                 self.engine.set_lr(lr)
                 batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
                                                              self.cfg.data.data_seed)
-                prog.saw(batch, mask)
-                self._emit("on_batch", step, batch)
-                loss = self.engine.backward(batch, mask)
-                grad_norm = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip)
-                prog.grad_norms.append((done, finite_or_none(grad_norm)))
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    self.engine.discard()
-                    self.log.write({"kind": "train", "step": done, "loss": finite_or_none(loss),
-                                    "lr": lr, "grad_norm": finite_or_none(grad_norm),
-                                    "nonfinite": True})
-                    prog.diverge(done)
-                    break
-                self.engine.update()
-                self._emit("after_optimizer_step", step)
+                for m in live:
+                    m.prog.saw(batch, mask)
+                self._emit(live, "on_batch", step, batch)
+                idx = [m.index for m in live]
+                losses = self.engine.backward(batch, mask, idx)
+                norms = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip, idx)
+                stepped = [(m, loss, g) for m, loss, g in zip(live, losses, norms, strict=True)
+                           if self._step_is_finite(m, done, lr, loss, g)]
+                live = [m for m, _, _ in stepped]
+                self.engine.update([m.index for m in live])
+                self._emit(live, "after_optimizer_step", step)
                 self.engine.synchronize()
                 dt = time.perf_counter() - t0
-                prog.train_time += dt
-                record = {"kind": "train", "step": done, "loss": loss, "lr": lr,
-                          "grad_norm": grad_norm, "tokens_per_s": self._tokens(1) / dt,
-                          "tokens": self._tokens(done)}
-                self._emit("on_step_end", step, record)
-                if done % max(tc.log_every, 1) == 0 or done == tc.steps:
-                    self.log.write(record)
+                for m, loss, g in stepped:
+                    self._record(m, step, lr, loss, g, dt)
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
+                bar.set_postfix(loss=f"{losses[0]:.3f}", lr=f"{lr:.2e}")
                 if done == tc.steps:
                     break
-                if _every(tc.eval_every, done) and not math.isfinite(self._validate(prog, done)):
-                    prog.diverge(done)
-                    break
-                if _every(tc.checkpoint_every, done):
-                    self._checkpoint(prog, done)
-            if prog.status == "completed":  # the end: a last validation and checkpoint
-                if math.isfinite(self._validate(prog, tc.steps)):
-                    self._checkpoint(prog, tc.steps)
+                for m in live:
+                    if _every(tc.eval_every, done) and not math.isfinite(self._validate(m, done)):
+                        m.prog.diverge(done)
+                    if m.prog.live and _every(tc.checkpoint_every, done):
+                        self._checkpoint(m, done)
+            for m in (m for m in self.members if m.prog.live):  # a last validation, checkpoint
+                if math.isfinite(self._validate(m, tc.steps)):
+                    self._checkpoint(m, tc.steps)
                 else:
-                    prog.diverge(tc.steps)
+                    m.prog.diverge(tc.steps)
         finally:
             bar.close()
-            self.log.close()
-        return self._finish(prog)
+            for m in self.members:
+                if hasattr(m, "log"):
+                    m.log.close()
+        return [self._finish(m) for m in self.members]
 
     # ------------------------------------------------------------------ the loop's parts
 
-    def _emit(self, hook: str, *args: Any) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(self, *args)
+    def _emit(self, members: Sequence[Member], hook: str, *args: Any) -> None:
+        for m in members:
+            for cb in m.callbacks:
+                getattr(cb, hook)(m, *args)
+
+    def _label(self) -> str:
+        seeds = ",".join(str(m.cfg.seed) for m in self.members)
+        return f"{self.cfg.model.method} s{seeds}"
 
     def _tokens(self, steps: int) -> int:
         return steps * self.cfg.train.batch_size * self.cfg.train.seq_len
 
-    def _validate(self, prog: Progress, step: int) -> float:
-        """Validation loss at ``step``, logged (with what callbacks add) and remembered."""
+    def _step_is_finite(self, m: Member, done: int, lr: float, loss: float,
+                        grad_norm: float) -> bool:
+        """Record the step's grad norm; a non-finite loss or norm ends the member's run
+        (diverged at this step, its update discarded, a ``nonfinite`` record logged)."""
+        m.prog.grad_norms.append((done, finite_or_none(grad_norm)))
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return True
+        m.log.write({"kind": "train", "step": done, "loss": finite_or_none(loss), "lr": lr,
+                     "grad_norm": finite_or_none(grad_norm), "nonfinite": True})
+        m.prog.diverge(done)
+        return False
+
+    def _record(self, m: Member, step: int, lr: float, loss: float, grad_norm: float,
+                dt: float) -> None:
+        """The step's metrics record: offered to the callbacks, then logged."""
+        m.prog.train_time += dt
+        done = step + 1
+        record = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": self._tokens(1) / dt,
+                  "tokens": self._tokens(done)}
+        self._emit([m], "on_step_end", step, record)
+        if done % max(self.cfg.train.log_every, 1) == 0 or done == self.cfg.train.steps:
+            m.log.write(record)
+
+    def _validate(self, m: Member, step: int) -> float:
+        """A member's validation loss at ``step``, logged (with what callbacks add) and
+        remembered."""
         tc = self.cfg.train
-        v = self.engine.validation_loss(self.data, tc.eval_sequences,
+        v = self.engine.validation_loss(m.index, self.data, tc.eval_sequences,
                                         tc.micro_batch_size or tc.batch_size)
         record = {"kind": "val", "step": step, "val_loss": finite_or_none(v),
                   "val_ppl": perplexity(v)}
-        self._emit("on_eval", step, record)
-        self.log.write(record)
-        prog.last_val = v
+        self._emit([m], "on_eval", step, record)
+        m.log.write(record)
+        m.prog.last_val = v
         return v
 
-    def _checkpoint(self, prog: Progress, step: int) -> None:
-        save_checkpoint(self.out / CHECKPOINT, {
-            **self.engine.state_dict(), "step": step, "train_time": prog.train_time,
-            "metrics_offset": self.log.tell(), "initial_val_loss": prog.initial_val,
-            "config": self.cfg.to_dict(), "batches_sha256": prog.batches_sha256,
+    def _checkpoint(self, m: Member, step: int) -> None:
+        save_checkpoint(m.out / CHECKPOINT, {
+            **self.engine.state_dict(m.index), "step": step, "train_time": m.prog.train_time,
+            "metrics_offset": m.log.tell(), "initial_val_loss": m.prog.initial_val,
+            "config": m.cfg.to_dict(), "batches_sha256": m.prog.batches_sha256,
             "data_fingerprint": self.data.fingerprint(),
         })
 
-    def _start(self) -> tuple[Progress, int | None]:
-        """Build the model, optimizer and engine; then load the checkpoint of a resumed run
-        (its progress and the metrics offset to cut back to), or write a fresh run's
-        ``config.yaml``. A fresh run whose set-up fails leaves no folder behind."""
+    def _start(self) -> int:
+        """Build the models, optimizers and engine; then load each member's checkpoint (a
+        resume: its progress, and its log cut back to the checkpoint) or write its
+        ``config.yaml``. Returns the step the loop starts at. Fresh run folders whose set-up
+        fails are removed."""
         cfg, tc = self.cfg, self.cfg.train
-        created = not self.out.exists()
+        created = [m.out for m in self.members if not m.out.exists()]
         try:
-            self.model: nn.Module = self.plan.build(cfg.seed, self.device)
-            self.optimizer = build_optimizer(self.model, cfg.recipe)
-            self.engine: Engine = ModelEngine(
-                self.model, self.optimizer, self.device,
+            models = [self.plan.build(m.cfg.seed, self.device) for m in self.members]
+            self.engine: Engine = LocalEngine(
+                models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
                 autocast_for(cfg.recipe.precision, self.device),
                 n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
                 compile=tc.compile)
-            if self.resume:
-                state = load_checkpoint(self.out / CHECKPOINT)
-                self._check_same_data(state.get("data_fingerprint"))
-                self.engine.load_state_dict(state)
-                prog = Progress(step=state["step"], train_time=state["train_time"],
-                                initial_val=state["initial_val_loss"],
-                                batches_sha256=state.get("batches_sha256"))
-                return prog, state["metrics_offset"]
-            meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
-                                    "params": self.plan.count_params(),
-                                    "data": {"fingerprint": self.data.fingerprint()}}
-            if self.init_checkpoint is not None:
-                meta["init_from"] = load_initial_weights(self.model, self.plan.methods,
-                                                         cfg.model, self.init_checkpoint)
-            self.out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.out / CONFIG, dump_yaml(cfg) + "\n"
-                              + yaml.safe_dump({"meta": meta}, sort_keys=False))
-            return Progress(), None
+            offsets = [self._resume(m) if self.resume else self._fresh(m) for m in self.members]
+            starts = {m.prog.step for m in self.members}
+            if len(starts) > 1:
+                raise ModbenchError(f"cannot resume these seeds together: their checkpoints are "
+                                    f"at steps {sorted(starts)}; resume each on its own")
         except BaseException:
-            if created and not self.resume:
-                shutil.rmtree(self.out, ignore_errors=True)
+            if not self.resume:
+                for out in created:
+                    shutil.rmtree(out, ignore_errors=True)
             raise
+        for m, offset in zip(self.members, offsets, strict=True):
+            m.log = MetricsLog(m.out / METRICS, truncate_at=offset)
+        return starts.pop()
 
-    def _finish(self, prog: Progress) -> dict[str, Any]:
-        """The summary: computed, offered to the callbacks, written to ``summary.json``."""
-        cfg, tc = self.cfg, self.cfg.train
+    def _resume(self, m: Member) -> int:
+        state = load_checkpoint(m.out / CHECKPOINT)
+        self._check_same_data(m, state.get("data_fingerprint"))
+        self.engine.load_state_dict(m.index, state)
+        m.prog = Progress(step=state["step"], train_time=state["train_time"],
+                          initial_val=state["initial_val_loss"],
+                          batches_sha256=state.get("batches_sha256"))
+        return int(state["metrics_offset"])
+
+    def _fresh(self, m: Member) -> None:
+        meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
+                                "params": self.plan.count_params(),
+                                "data": {"fingerprint": self.data.fingerprint()}}
+        if self.init_checkpoint is not None:
+            meta["init_from"] = load_initial_weights(m.model, self.plan.methods, m.cfg.model,
+                                                     self.init_checkpoint)
+        m.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(m.out / CONFIG, dump_yaml(m.cfg) + "\n"
+                          + yaml.safe_dump({"meta": meta}, sort_keys=False))
+
+    def _finish(self, m: Member) -> dict[str, Any]:
+        """A member's summary: computed, offered to its callbacks, written to
+        ``summary.json``."""
+        cfg, tc, prog = m.cfg, m.cfg.train, m.prog
         completed = prog.status == "completed"
         steps_done = prog.diverged_at - 1 if prog.diverged_at is not None else tc.steps
         ran = steps_done - prog.step  # steps this process trained
@@ -270,7 +377,7 @@ class Trainer:
             "steps": steps_done,
             "steps_planned": tc.steps,
             "tokens": self._tokens(steps_done),
-            "params": sum(p.numel() for p in self.model.parameters()),
+            "params": sum(p.numel() for p in m.model.parameters()),
             "initial_val_loss": finite_or_none(prog.initial_val),
             "final_val_loss": finite_or_none(prog.last_val) if completed else None,
             "val_ppl": perplexity(prog.last_val) if completed else None,
@@ -280,43 +387,68 @@ class Trainer:
             "device": str(self.device),
             "train_time_s": prog.train_time,
             "batches_sha256": prog.batches_sha256,
+            **({"stacked_seeds": [x.cfg.seed for x in self.members]}
+               if len(self.members) > 1 else {}),
         }
-        self._emit("on_train_end", summary)
-        atomic_write_text(self.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        self._emit([m], "on_train_end", summary)
+        atomic_write_text(m.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
         return summary
 
     # ------------------------------------------------------------------ set-up checks
 
-    def _check_same_data(self, recorded: str | None) -> None:
+    def _check_same_data(self, m: Member, recorded: str | None) -> None:
         """A resumed run must read the tokens it started on (old checkpoints: not recorded)."""
         now = self.data.fingerprint()
         if recorded is not None and recorded != now:
             raise ModbenchError(
-                f"cannot resume {self.out}: the data at {self.data.path} changed since the run "
+                f"cannot resume {m.out}: the data at {self.data.path} changed since the run "
                 f"started (fingerprint {recorded[:12]} then, {now[:12]} now); resume on the "
                 "data it started with, or start a new run"
             )
 
-    def _check_out_dir(self) -> None:
+    def _check_out_dir(self, m: Member) -> None:
         if self.resume:
-            cfg_file = self.out / CONFIG
-            if not (self.out / CHECKPOINT).is_file() or not cfg_file.is_file():
+            cfg_file = m.out / CONFIG
+            if not (m.out / CHECKPOINT).is_file() or not cfg_file.is_file():
                 raise ModbenchError(
-                    f"cannot resume: {self.out} has no {CHECKPOINT}; run without --resume"
+                    f"cannot resume: {m.out} has no {CHECKPOINT}; run without --resume"
                 )
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
-            diff = sorted(_diff_keys(stored, self.cfg.to_dict()))
+            diff = sorted(_diff_keys(stored, m.cfg.to_dict()))
             if diff:
                 raise ModbenchError(
-                    f"cannot resume {self.out}: the config differs from its config.yaml in "
+                    f"cannot resume {m.out}: the config differs from its config.yaml in "
                     f"{', '.join(diff)}; repeat the original command with --resume"
                 )
-        elif self.out.exists() and any(self.out.iterdir()):
+        elif m.out.exists() and any(m.out.iterdir()):
             raise ModbenchError(
-                f"run folder {self.out} already exists and is not empty; use --resume to "
+                f"run folder {m.out} already exists and is not empty; use --resume to "
                 "continue it or choose another --out"
             )
+
+
+def _member_runs(cfg: RunConfig, out_dir: str | Path | Sequence[str | Path],
+                 seeds: Sequence[int] | None) -> tuple[list[Path], list[RunConfig]]:
+    """Each member's folder and config: ``cfg`` itself, or one copy per seed."""
+    if seeds is None:
+        if not isinstance(out_dir, str | Path):
+            raise ValueError("one run takes one out_dir; pass seeds=[...] for several")
+        return [Path(out_dir)], [cfg]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ModbenchError(f"--seeds needs distinct init seeds, got {list(seeds)}")
+    if isinstance(out_dir, str | Path):
+        outs = [Path(out_dir) / f"s{s}" for s in seeds]
+    else:
+        outs = [Path(o) for o in out_dir]
+        if len(outs) != len(seeds):
+            raise ValueError(f"{len(seeds)} seeds but {len(outs)} run folders")
+    cfgs = []
+    for s in seeds:
+        c = copy.deepcopy(cfg)
+        c.seed = int(s)
+        cfgs.append(c)
+    return outs, cfgs
 
 
 def _every(k: int, done: int) -> bool:
@@ -392,4 +524,21 @@ def train(
     return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks, progress=progress).run()
 
 
-__all__ = ["Callback", "Trainer", "init_checkpoint", "load_initial_weights", "train"]
+def train_seeds(
+    cfg: RunConfig,
+    seeds: Sequence[int],
+    out_dirs: str | Path | Sequence[str | Path],
+    *,
+    resume: bool = False,
+    callbacks: Sequence[Callback] = (),
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Train the init ``seeds`` of ``cfg`` stacked in one process, on the same batches, into
+    one run folder each (``out_dirs``: a list, or a parent folder that gets ``s<seed>/``);
+    returns their summaries. The method must be stackable (``Plan.stackable``)."""
+    return Trainer(cfg, out_dirs, seeds=seeds, resume=resume, callbacks=callbacks,
+                   progress=progress).run_all()
+
+
+__all__ = ["Callback", "Member", "Trainer", "init_checkpoint", "load_initial_weights", "train",
+           "train_seeds"]
