@@ -24,6 +24,9 @@ def run(
     until_decided: Annotated[int | None, typer.Option(
         help="Then add seeds to methods whose interval straddles the decision threshold, up "
              "to N seeds per method.")] = None,
+    ensembles: Annotated[str, typer.Option(
+        help="Train a method's seeds stacked in one process: auto (with a GPU), on, off.")
+    ] = "auto",
     report: Annotated[bool, typer.Option(help="Write the report when done.")] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
@@ -38,7 +41,7 @@ def run(
     s = load_spec(spec)
     folder = out or Path("studies") / s.name
     c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
-                  progress=progress)
+                  ensembles=ensembles, progress=progress)
     typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
                f"done, {c['trained']} trained, {c['diverged']} diverged, {c['failed']} failed"
                + (f", {c['added_seeds']} seeds added" if until_decided else ""))

@@ -31,10 +31,12 @@ from modbench.study.store import Store
 
 @dataclass(frozen=True)
 class Job:
+    """One run, or several seeds of one configuration to train stacked in one process."""
+
     root: str
-    key: str
-    label: str
-    config: dict[str, Any]
+    keys: tuple[str, ...]
+    labels: tuple[str, ...]
+    configs: tuple[dict[str, Any], ...]
     evaluation: dict[str, Any]
     threads: int = 0
 
@@ -48,51 +50,111 @@ class JobResult:
     error: str | None = None
 
 
-def execute_job(job: Job) -> JobResult:
-    """Train (or resume) one run, evaluate it, and record it in the store's index."""
-    from modbench.eval.run import evaluate_run
-    from modbench.runtime.runfolder import CHECKPOINT
-    from modbench.train.trainer import train
+@dataclass
+class _Member:
+    key: str
+    label: str
+    config: dict[str, Any]
+    run: Path
 
+
+def execute_job(job: Job) -> list[JobResult]:
+    """Train (or resume) the job's runs, evaluate them, and record them in the store's index.
+
+    Several runs (seeds of one configuration) train stacked in one process; members that are
+    done are skipped, members another worker holds are left to it, and members whose folders
+    hold checkpoints resume (stacked when their checkpoints are at one step, else one by one).
+    """
     if job.threads:
         import torch
 
         torch.set_num_threads(job.threads)
     store = Store(job.root)
-    if not store.claim(job.key):
-        return JobResult(job.key, job.label, "busy")
-    run = store.run_dir(job.key)
-    try:
-        summary_file = run / "summary.json"
-        if summary_file.is_file():
-            summary = json.loads(summary_file.read_text())
-            outcome = "skipped"
+    results, todo = [], []
+    for key, label, config in zip(job.keys, job.labels, job.configs, strict=True):
+        if store.claim(key):
+            todo.append(_Member(key, label, config, store.run_dir(key)))
         else:
-            resume = (run / CHECKPOINT).is_file()
-            if run.exists() and not resume:
-                shutil.rmtree(run)  # cut before its first checkpoint: start again
-            summary = train(from_dict(job.config), run, resume=resume, progress=False)
-            outcome = "trained"
+            results.append(JobResult(key, label, "busy"))
+    done = [m for m in todo if (m.run / "summary.json").is_file()]
+    results += [_finish(store, job, m, json.loads((m.run / "summary.json").read_text()),
+                        "skipped") for m in done]
+    todo = [m for m in todo if m not in done]
+    for group in _resumable_groups(todo):
+        results += _train_group(store, job, group)
+    return results
+
+
+def _resumable_groups(members: list[_Member]) -> list[list[_Member]]:
+    """Fresh members in one group, members with a checkpoint in another (a folder cut
+    before its first checkpoint starts again)."""
+    from modbench.runtime.runfolder import CHECKPOINT
+
+    fresh, resume = [], []
+    for m in members:
+        if (m.run / CHECKPOINT).is_file():
+            resume.append(m)
+        else:
+            if m.run.exists():
+                shutil.rmtree(m.run)
+            fresh.append(m)
+    return [g for g in (fresh, resume) if g]
+
+
+def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult]:
+    from modbench.runtime.runfolder import CHECKPOINT
+    from modbench.train.trainer import train, train_seeds
+
+    resume = (group[0].run / CHECKPOINT).is_file()
+    try:
+        if len(group) == 1:
+            m = group[0]
+            summaries = [train(from_dict(m.config), m.run, resume=resume, progress=False)]
+        else:
+            cfg = from_dict(group[0].config)
+            seeds = [int(m.config["seed"]) for m in group]
+            try:
+                summaries = train_seeds(cfg, seeds, [m.run for m in group], resume=resume,
+                                        progress=False)
+            except ModbenchError as e:
+                if "cannot resume these seeds together" not in str(e):
+                    raise
+                return [r for m in group for r in _train_group(store, job, [m])]
+    except Exception as e:  # a crash must not stop the study: every member fails with it
+        msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
+        for m in group:
+            store.fail(m.key, msg)
+        return [JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
+                for m in group]
+    return [_finish(store, job, m, s, "trained") for m, s in zip(group, summaries, strict=True)]
+
+
+def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
+            outcome: str) -> JobResult:
+    """Evaluate a trained run (when the study asks and it completed) and record it."""
+    from modbench.eval.run import evaluate_run
+
+    try:
         evaluation = None
         ev = job.evaluation
         if summary["status"] == "completed" and (ev.get("probes") or ev.get("tasks")):
-            eval_file = run / "eval.json"
+            eval_file = m.run / "eval.json"
             if eval_file.is_file():
                 evaluation = json.loads(eval_file.read_text())
             else:
-                evaluation = evaluate_run(run, probes=bool(ev.get("probes")),
+                evaluation = evaluate_run(m.run, probes=bool(ev.get("probes")),
                                           tasks=list(ev.get("tasks") or []) or None,
                                           limit=ev.get("limit"), progress=False)
-        store.finish(job.key, summary, evaluation)
-        return JobResult(job.key, job.label, outcome, summary["status"])
-    except Exception as e:  # a crash of one run must not stop the study
+        store.finish(m.key, summary, evaluation)
+        return JobResult(m.key, m.label, outcome, summary["status"])
+    except Exception as e:
         msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
-        store.fail(job.key, msg)
-        return JobResult(job.key, job.label, "failed", error=msg.strip().splitlines()[-1])
+        store.fail(m.key, msg)
+        return JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
 
 
 class Executor(Protocol):
-    def run(self, jobs: list[Job]) -> Iterator[JobResult]: ...
+    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]: ...
 
 
 def auto_workers() -> int:
@@ -116,7 +178,7 @@ class LocalExecutor:
             raise ModbenchError(f"--workers must be at least 1, got {workers}")
         self.workers = workers
 
-    def run(self, jobs: list[Job]) -> Iterator[JobResult]:
+    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
         workers = min(self.workers, len(jobs))
         if workers <= 1:
             for job in jobs:
@@ -145,12 +207,30 @@ def make_executor(name: str, workers: int | None) -> Executor:
     return EXECUTORS[name](workers)
 
 
+ENSEMBLES = ("auto", "on", "off")
+
+
+def use_ensembles(choice: str) -> bool:
+    """``--ensembles``: ``on``, ``off``, or ``auto`` = on with CUDA only. On the CPU stacking
+    seeds measured no faster than training them one by one (BENCHMARKS.md), while worker
+    processes do fill the cores; on a GPU one small model leaves the device mostly idle."""
+    if choice not in ENSEMBLES:
+        raise ModbenchError(f"--ensembles must be one of {', '.join(ENSEMBLES)}, got {choice!r}")
+    if choice == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return choice == "on"
+
+
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              ensembles: str = "auto", progress: bool = True) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
     ``workers``: parallel worker processes of the local executor (None: :func:`auto_workers`).
+    ``ensembles``: whether a method's seeds at a scale train stacked in one process
+    (:func:`use_ensembles`; methods that cannot stack train seed by seed).
 
     ``until_decided=N``: afterwards, keep adding one seed at a time to every method whose
     interval still straddles the decision threshold (and to the baseline while it has no
@@ -164,8 +244,9 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
                               "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}
     failures: list[str] = []
     ex = make_executor(executor, workers)
+    stack = use_ensembles(ensembles)
     while runs:
-        _execute(store, runs, spec, out, ex, counts, failures, progress)
+        _execute(store, runs, spec, out, ex, counts, failures, progress, stack)
         if until_decided is None:
             break
         runs = _undecided_runs(spec, out, until_decided)
@@ -175,7 +256,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
 
 
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
-             counts: dict[str, Any], failures: list[str], progress: bool) -> None:
+             counts: dict[str, Any], failures: list[str], progress: bool,
+             stack: bool = False) -> None:
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
@@ -185,13 +267,14 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
                desc=f"study {spec.name}", unit="run")
     try:
-        for res in ex.run([_job(out, r, spec) for r in todo]):
-            counts[res.outcome] += 1
-            counts["diverged"] += res.status == "diverged"
-            if res.error:
-                failures.append(f"{res.label}: {res.error}")
-            bar.update(1)
-            bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
+        for results in ex.run(_jobs(out, todo, spec, stack)):
+            for res in results:
+                counts[res.outcome] += 1
+                counts["diverged"] += res.status == "diverged"
+                if res.error:
+                    failures.append(f"{res.label}: {res.error}")
+                bar.update(1)
+                bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
     finally:
         bar.close()
 
@@ -232,9 +315,26 @@ def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]
     return new
 
 
-def _job(out: str | Path, r: RunSpec, spec: StudySpec) -> Job:
-    return Job(str(out), r.key, r.label, r.config.to_dict(),
-               dataclasses.asdict(spec.evaluation))
+def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool) -> list[Job]:
+    """One job per run; with ``stack``, one job per group of runs that differ only in their
+    init seed (same scale, method and data order) when the method can stack."""
+    from modbench.methods.build import plan
+
+    groups: dict[str, list[RunSpec]] = {}
+    for r in runs:
+        d = r.config.to_dict()
+        d.pop("seed")
+        same = json.dumps(d, sort_keys=True) if stack else r.key
+        groups.setdefault(same, []).append(r)
+    batches: list[list[RunSpec]] = []
+    for group in groups.values():
+        if len(group) > 1 and not plan(group[0].config.model).stackable:
+            batches += [[r] for r in group]
+        else:
+            batches.append(group)
+    ev = dataclasses.asdict(spec.evaluation)
+    return [Job(str(out), tuple(r.key for r in b), tuple(r.label for r in b),
+                tuple(r.config.to_dict() for r in b), ev) for b in batches]
 
 
 def study_status(out: str | Path) -> list[dict[str, Any]]:
