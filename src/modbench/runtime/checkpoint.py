@@ -7,6 +7,7 @@ would run on loading) is refused before anything of it executes.
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,23 @@ from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_path
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Save ``state`` so that a crash mid-write leaves the previous checkpoint intact."""
+def save_checkpoint(path: Path, state: dict[str, Any], *, keep_previous: bool = False) -> None:
+    """Save ``state`` so that a crash mid-write leaves the previous checkpoint intact.
+
+    ``keep_previous``: the checkpoint it replaces stays as :func:`previous_path` (hard-linked
+    there before the new one is renamed into place, so at every moment both files are
+    complete checkpoints)."""
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
+        if keep_previous and path.is_file():
+            link = tmp.with_name(tmp.name + ".prev")
+            os.link(path, link)
+            os.replace(link, previous_path(path))
+
+
+def previous_path(path: Path) -> Path:
+    """Where :func:`save_checkpoint` keeps the checkpoint before ``path`` (``prev.pt``)."""
+    return path.with_name("prev" + path.suffix)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -43,3 +57,13 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise ModbenchError(f"checkpoint {path} is not a modbench checkpoint (not a mapping); "
                             "use checkpoints written by modbench only")
     return state
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a checkpoint was written at, read without loading its tensors
+    (memory-mapped)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        state = load_checkpoint(path)  # not a zip checkpoint: the full, checked load
+    return int(state["step"])

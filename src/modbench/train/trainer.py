@@ -45,7 +45,12 @@ from modbench.fsutil import atomic_write_text
 from modbench.methods.base import Method
 from modbench.methods.build import plan_run
 from modbench.runtime.callback import Callback
-from modbench.runtime.checkpoint import load_checkpoint, save_checkpoint
+from modbench.runtime.checkpoint import (
+    checkpoint_step,
+    load_checkpoint,
+    previous_path,
+    save_checkpoint,
+)
 from modbench.runtime.data import open_data
 from modbench.runtime.device import autocast_for, resolve_device
 from modbench.runtime.loss import finite_or_none, perplexity
@@ -80,6 +85,7 @@ class Progress:
     # sha256 chained over every training batch seen, in step order (None: a resume from a
     # checkpoint that did not record it)
     batches_sha256: str | None = ""
+    final: bool = False  # resumed from the checkpoint written after the last validation
 
     @property
     def live(self) -> bool:
@@ -241,8 +247,8 @@ class Trainer:
                         m.prog.diverge(done)
                     if m.prog.live and _every(tc.checkpoint_every, done):
                         self._checkpoint(m, done)
-            for m in (m for m in self.members if m.prog.live):  # a last validation, checkpoint
-                if math.isfinite(self._validate(m, tc.steps)):
+            for m in (m for m in self.members if m.prog.live and not m.prog.final):
+                if math.isfinite(self._validate(m, tc.steps)):  # a last validation, checkpoint
                     self._checkpoint(m, tc.steps)
                 else:
                     m.prog.diverge(tc.steps)
@@ -305,12 +311,15 @@ class Trainer:
         return v
 
     def _checkpoint(self, m: Member, step: int) -> None:
+        """Save a member's state. Stacked members keep their previous checkpoint too: a kill
+        between two members' writes leaves them a step they all have."""
         save_checkpoint(m.out / CHECKPOINT, {
             **self.engine.state_dict(m.index), "step": step, "train_time": m.prog.train_time,
             "metrics_offset": m.log.tell(), "initial_val_loss": m.prog.initial_val,
+            "last_val_loss": m.prog.last_val, "grad_norms": [list(g) for g in m.prog.grad_norms],
             "config": m.cfg.to_dict(), "batches_sha256": m.prog.batches_sha256,
             "data_fingerprint": self.data.fingerprint(),
-        })
+        }, keep_previous=len(self.members) > 1)
 
     def _start(self) -> int:
         """Build the models, optimizers and engine; then load each member's checkpoint (a
@@ -326,30 +335,37 @@ class Trainer:
                 autocast_for(cfg.recipe.precision, self.device),
                 n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
                 compile=tc.compile)
-            offsets = [self._resume(m) if self.resume else self._fresh(m) for m in self.members]
+            ckpts = _resume_points(self.members) if self.resume else {}
+            offsets = [self._resume(m, ckpts[m.index]) if m.index in ckpts else self._fresh(m)
+                       for m in self.members]
             starts = {m.prog.step for m in self.members}
-            if len(starts) > 1:
-                raise ModbenchError(f"cannot resume these seeds together: their checkpoints are "
-                                    f"at steps {sorted(starts)}; resume each on its own")
+            if len(starts) > 1:  # some members resumed, others start afresh
+                raise ModbenchError(f"cannot resume these seeds together: they stand at steps "
+                                    f"{sorted(starts)}; resume each on its own")
         except BaseException:
-            if not self.resume:
-                for out in created:
-                    shutil.rmtree(out, ignore_errors=True)
+            for out in created:
+                shutil.rmtree(out, ignore_errors=True)
             raise
         for m, offset in zip(self.members, offsets, strict=True):
             m.log = MetricsLog(m.out / METRICS, truncate_at=offset)
         return starts.pop()
 
-    def _resume(self, m: Member) -> int:
-        state = load_checkpoint(m.out / CHECKPOINT)
+    def _resume(self, m: Member, path: Path) -> int:
+        state = load_checkpoint(path)
         self._check_same_data(m, state.get("data_fingerprint"))
         self.engine.load_state_dict(m.index, state)
-        m.prog = Progress(step=state["step"], train_time=state["train_time"],
+        step = int(state["step"])
+        m.prog = Progress(step=step, train_time=state["train_time"],
                           initial_val=state["initial_val_loss"],
-                          batches_sha256=state.get("batches_sha256"))
+                          last_val=state.get("last_val_loss"),
+                          batches_sha256=state.get("batches_sha256"),
+                          final=step == m.cfg.train.steps and "last_val_loss" in state)
+        m.prog.grad_norms.extend((int(s), g) for s, g in state.get("grad_norms", ()))
         return int(state["metrics_offset"])
 
-    def _fresh(self, m: Member) -> None:
+    def _fresh(self, m: Member) -> int | None:
+        """Write a fresh member's ``config.yaml``; a folder a killed run left before its first
+        checkpoint (``--resume`` on it) starts again, its log emptied."""
         meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
                                 "params": self.plan.count_params(),
                                 "data": {"fingerprint": self.data.fingerprint()}}
@@ -359,6 +375,7 @@ class Trainer:
         m.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(m.out / CONFIG, dump_yaml(m.cfg) + "\n"
                           + yaml.safe_dump({"meta": meta}, sort_keys=False))
+        return 0 if (m.out / METRICS).is_file() else None
 
     def _finish(self, m: Member) -> dict[str, Any]:
         """A member's summary: computed, offered to its callbacks, written to
@@ -409,10 +426,9 @@ class Trainer:
     def _check_out_dir(self, m: Member) -> None:
         if self.resume:
             cfg_file = m.out / CONFIG
-            if not (m.out / CHECKPOINT).is_file() or not cfg_file.is_file():
-                raise ModbenchError(
-                    f"cannot resume: {m.out} has no {CHECKPOINT}; run without --resume"
-                )
+            if not cfg_file.is_file():
+                raise ModbenchError(f"cannot resume: {m.out} has no {CONFIG}; run without "
+                                    "--resume")
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
             diff = sorted(_diff_keys(stored, m.cfg.to_dict()))
@@ -426,6 +442,28 @@ class Trainer:
                 f"run folder {m.out} already exists and is not empty; use --resume to "
                 "continue it or choose another --out"
             )
+
+
+def _resume_points(members: list[Member]) -> dict[int, Path]:
+    """The checkpoint each member resumes from. Members without one (killed before their
+    first) start afresh. Stacked members resume from the newest step they all have: a kill
+    between two members' checkpoint writes leaves some a step ahead, and those go back to
+    the previous checkpoint they kept."""
+    if len(members) == 1:
+        last = members[0].out / CHECKPOINT
+        return {0: last} if last.is_file() else {}
+    have: dict[int, dict[int, Path]] = {}
+    for m in members:
+        for path in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
+            if path.is_file():
+                have.setdefault(m.index, {})[checkpoint_step(path)] = path
+    if have:
+        common = set.intersection(*(set(h) for h in have.values())) if len(have) == len(
+            members) else set()
+        if common:
+            step = max(common)
+            return {k: h[step] for k, h in have.items()}
+    return {k: h[max(h)] for k, h in have.items()}
 
 
 def _member_runs(cfg: RunConfig, out_dir: str | Path | Sequence[str | Path],
