@@ -300,14 +300,14 @@ def run_cli(argv: list[str]) -> int:
     try:
         app(args=argv, prog_name="modbench", standalone_mode=False)
     except ModbenchError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {_one_line(str(e))}", err=True)
         return 2
     except exit_types as e:
         return int(e.exit_code)  # type: ignore[attr-defined]
     except usage_types as e:  # unknown command or option, missing argument, bad value
         ctx = getattr(e, "ctx", None)
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
-        msg = str(e.format_message()).rstrip(".")  # type: ignore[attr-defined]
+        msg = _one_line(str(e.format_message())).rstrip(".")  # type: ignore[attr-defined]
         typer.echo(f"error: {msg}{hint}", err=True)
         return int(getattr(e, "exit_code", 2))
     except abort_types:
@@ -317,6 +317,12 @@ def run_cli(argv: list[str]) -> int:
         typer.echo("interrupted", err=True)
         return 130
     return 0
+
+
+def _one_line(message: str) -> str:
+    """An error message on one line, whatever the input it quotes holds (a newline in a
+    --set value or a file name)."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def _click_exceptions() -> tuple[tuple[type[BaseException], ...], ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -24,6 +25,15 @@ from typing import Any, get_type_hints
 import yaml
 
 from modbench.errors import ModbenchError, suggest
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _at_least(key: str, value: float, low: float, strict: bool = False) -> None:
+    """Refuse ``value`` below ``low`` (or equal to it, ``strict``)."""
+    if value < low or (strict and value == low):
+        raise ModbenchError(f"{key} must be {'above' if strict else 'at least'} {low:g}, got "
+                            f"{value}")
 
 
 @dataclass
@@ -55,6 +65,11 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     def validate(self) -> None:
+        # sizes first: the divisibility checks below divide by them
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                    "max_seq_len"):
+            if getattr(self, key) <= 0:
+                raise ModbenchError(f"model.{key} must be positive, got {getattr(self, key)}")
         if self.attn_head_dim is not None and self.attn_head_dim <= 0:
             raise ModbenchError(
                 f"model.attn_head_dim must be positive (or empty), got {self.attn_head_dim}"
@@ -73,10 +88,8 @@ class ModelConfig:
             raise ModbenchError(
                 f"head dimension {self.head_dim} is odd; RoPE needs an even head dimension"
             )
-        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                    "max_seq_len"):
-            if getattr(self, key) <= 0:
-                raise ModbenchError(f"model.{key} must be positive, got {getattr(self, key)}")
+        for key in ("rope_theta", "norm_eps", "init_std"):
+            _at_least(f"model.{key}", getattr(self, key), 0.0, strict=key == "rope_theta")
 
 
 @dataclass
@@ -112,6 +125,15 @@ class RecipeConfig:
             )
         if not self.lr > 0:
             raise ModbenchError(f"recipe.lr must be positive, got {self.lr}")
+        for i, b in enumerate(self.betas):
+            if not 0.0 <= b < 1.0:
+                raise ModbenchError(f"recipe.betas[{i}] must be in [0, 1), got {b}")
+        for key in ("eps", "weight_decay", "grad_clip", "min_lr_ratio"):
+            _at_least(f"recipe.{key}", getattr(self, key), 0.0)
+        if self.warmup_steps is not None:
+            _at_least("recipe.warmup_steps", self.warmup_steps, 0)
+        if not 0.0 <= self.warmup_frac <= 1.0:
+            raise ModbenchError(f"recipe.warmup_frac must be in [0, 1], got {self.warmup_frac}")
 
     def warmup_for(self, steps: int) -> int:
         if self.warmup_steps is not None:
@@ -147,6 +169,15 @@ class TrainConfig:
             raise ModbenchError(f"train.steps must be positive, got {self.steps}")
         if self.batch_size <= 0:
             raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
+        if self.seq_len < 2:
+            raise ModbenchError(f"train.seq_len must be at least 2 (a token and its next), got "
+                                f"{self.seq_len}")
+        for key in ("eval_every", "checkpoint_every", "log_every", "threads"):
+            _at_least(f"train.{key}", getattr(self, key), 0)
+        _at_least("train.eval_sequences", self.eval_sequences, 1)
+        if not _DEVICE.fullmatch(self.device):
+            raise ModbenchError(f"train.device must be auto, cpu, cuda or cuda:N, got "
+                                f"{self.device!r}")
         if self.eval_probes < 0:
             raise ModbenchError(f"train.eval_probes must be 0 (off) or a number of items, got "
                                 f"{self.eval_probes}")
@@ -187,10 +218,18 @@ class RunConfig:
     recipe_exceptions: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        if self.preset not in PRESETS:
+            raise ModbenchError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESETS)}; "
+                                "choose it with --preset, one of: " + ", ".join(PRESETS))
+        for key, seed in (("seed", self.seed), ("data.data_seed", self.data.data_seed)):
+            if not 0 <= seed < 2**63:
+                raise ModbenchError(f"{key} must be an integer in [0, 2**63), got {seed}")
         self.model.validate()
         self.recipe.validate()
         self.train.validate()
         check_probe_loss(self.data.probe_loss)
+        if not 0.0 <= self.data.probe_mix < 1.0:
+            raise ModbenchError(f"data.probe_mix must be in [0, 1), got {self.data.probe_mix}")
         if self.train.seq_len > self.model.max_seq_len:
             raise ModbenchError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len="
@@ -400,7 +439,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ModbenchError(f"config file {p} does not exist; pass a YAML file path")
     try:
-        tree = yaml.safe_load(p.read_text())
+        tree = yaml.safe_load(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ModbenchError(f"config file {p} is not UTF-8 text; give a YAML file") from None
     except yaml.YAMLError as e:
         raise ModbenchError(f"config file {p} is not valid YAML ({e.__class__.__name__}); "
                             "fix the syntax") from e
@@ -424,14 +465,21 @@ def valid_keys(obj: Any = None, prefix: str = "") -> list[str]:
     return keys
 
 
+def _is_key(obj: Any, name: Any) -> bool:
+    """Whether ``name`` is a config key of the dataclass ``obj`` (a field: not a method,
+    property or private attribute)."""
+    return isinstance(name, str) and name in {f.name for f in dataclasses.fields(obj)}
+
+
+def _unknown(key: str) -> ModbenchError:
+    return ModbenchError(f"unknown config key {key!r}{suggest(key, valid_keys())}; "
+                         "see `modbench train --help` or docs/config.md for valid keys")
+
+
 def _merge_tree(obj: Any, tree: dict[str, Any], prefix: str) -> None:
     for k, v in tree.items():
-        if not hasattr(obj, k) or k.startswith("_") or callable(getattr(obj, k)):
-            key = prefix + str(k)
-            raise ModbenchError(
-                f"unknown config key '{key}'{suggest(key, valid_keys())}; "
-                "see `modbench train --help` or docs/config.md for valid keys"
-            )
+        if not _is_key(obj, k):
+            raise _unknown(prefix + str(k))
         cur = getattr(obj, k)
         if dataclasses.is_dataclass(cur):
             if not isinstance(v, dict):
@@ -444,27 +492,29 @@ def _merge_tree(obj: Any, tree: dict[str, Any], prefix: str) -> None:
 def apply_override(cfg: RunConfig, item: str) -> None:
     """Apply one ``key=value`` override; the value is parsed as YAML (``1e-3``, ``true``)."""
     if "=" not in item:
-        raise ModbenchError(f"override '{item}' must look like key=value, e.g. recipe.lr=1e-3")
+        raise ModbenchError(f"override {item!r} must look like key=value, e.g. recipe.lr=1e-3")
     key, raw = item.split("=", 1)
     key = key.strip()
     parts = key.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts):
         is_last = i == len(parts) - 1
-        if not hasattr(obj, part) or part.startswith("_") or callable(getattr(obj, part)):
-            raise ModbenchError(
-                f"unknown config key '{key}'{suggest(key, valid_keys())}; "
-                "see docs/config.md for valid keys"
-            )
+        if not _is_key(obj, part):
+            raise _unknown(key)
         if is_last:
             if dataclasses.is_dataclass(getattr(obj, part)):
                 raise ModbenchError(f"'{key}' is a section; set one of its keys, e.g. {key}.x=1")
-            value = yaml.safe_load(raw) if raw.strip() else None
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError as e:
+                raise ModbenchError(f"the value of override {key} is not valid YAML "
+                                    f"({e.__class__.__name__}): {raw!r}; quote it or fix "
+                                    "it") from None
             setattr(obj, part, _coerce(obj, part, value, key))
         else:
             obj = getattr(obj, part)
             if not dataclasses.is_dataclass(obj):
-                raise ModbenchError(f"unknown config key '{key}': '{part}' is not a section")
+                raise ModbenchError(f"unknown config key {key!r}: '{part}' is not a section")
 
 
 def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
@@ -486,20 +536,24 @@ def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
             raise ModbenchError(f"config key '{key}' takes an integer, got {value!r}")
         return int(value)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            try:
-                value = float(value)
-            except (TypeError, ValueError):
-                raise ModbenchError(f"config key '{key}' takes a number, got {value!r}") from None
-        value = float(value)
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            value = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ModbenchError(f"config key '{key}' takes a number, got {value!r}") from None
         if not math.isfinite(value):
             raise ModbenchError(f"config key '{key}' must be finite, got {value!r}")
         return value
-    if hint is str:
+    if hint is str or text.startswith("str"):
+        if isinstance(value, list | dict):
+            raise ModbenchError(f"config key '{key}' takes a single value, got {value!r}")
         return str(value)
     if text.startswith("tuple"):
-        if not isinstance(value, list | tuple) or len(value) != 2:
-            raise ModbenchError(f"config key '{key}' takes a pair, e.g. [0.9, 0.95]")
+        if not isinstance(value, list | tuple) or len(value) != 2 or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                for v in value):
+            raise ModbenchError(f"config key '{key}' takes a pair of numbers, e.g. [0.9, 0.95]")
         return (float(value[0]), float(value[1]))
     if text.startswith("dict"):
         if not isinstance(value, dict):

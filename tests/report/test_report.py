@@ -243,3 +243,81 @@ def test_the_claim_opens_the_report(tmp_path: Path) -> None:
     assert md.index("## The claim this study tests") < md.index("## Methods")
     html_text = (out / "report.html").read_text()
     assert "<b>Claim</b>" in html_text and "**" not in html_text
+
+
+# ------------------------------------------------------------------ what the runs saw
+
+
+def _with_hashes(res: StudyResults, hashes: dict[tuple[str, int], str | None]) -> StudyResults:
+    for r in res.rows:
+        r.batches_sha256 = hashes.get((r.method, r.seed), "same")
+    return res
+
+
+def test_runs_that_saw_different_batches_are_flagged(tmp_path: Path) -> None:
+    """data.order fixed: every finished run at a scale with the same steps must share one
+    batch hash; a run that saw other batches is named in a warning at the top."""
+    res = _with_hashes(fake_results(tmp_path / "a", {"baseline": 3, "a": 3}),
+                       {("a", 1): "other" * 8})
+    (warning,) = budget_warnings(res)
+    assert warning.startswith("Runs that should have seen the same batches did not")
+    assert "at tiny, 1000 steps: 2 sequences" in warning
+    assert "otherother… for `a` seed 1" in warning
+    assert "same… for `baseline` seed 0, `baseline` seed 1, `baseline` seed 2, `a` seed 0, " \
+           "`a` seed 2" in warning
+    md = (write_report(res, tmp_path / "a" / "report") / "report.md").read_text()
+    assert md.index("Runs that should have seen") < md.index("## Methods")
+
+
+def test_one_hash_per_scale_and_steps_and_old_runs_are_not_flagged(tmp_path: Path) -> None:
+    same = _with_hashes(fake_results(tmp_path / "a", {"baseline": 3, "a": 3}), {})
+    assert budget_warnings(same) == []
+    # runs without a hash (older runs) are skipped; so are diverged ones
+    old = _with_hashes(fake_results(tmp_path / "b", {"baseline": 3, "a": 3}),
+                       {("a", 1): None, ("a", 2): None})
+    assert budget_warnings(old) == []
+    # runs of other lengths form their own group
+    short = RunRow(key="s", scale="tiny", method="a", seed=7, state="done", status="completed",
+                   val_loss=3.0, params=10**6, tokens=10**8, diverged_at_step=None,
+                   steps=500, steps_planned=500, batches_sha256="short")
+    mixed = _with_hashes(fake_results(tmp_path / "c", {"baseline": 3, "a": 3}, extra=[short]),
+                         {("a", 7): "short"})
+    assert not any("same batches" in w for w in budget_warnings(mixed))
+
+
+def test_per_seed_orders_compare_runs_of_one_seed(tmp_path: Path) -> None:
+    """data.order per_seed: each init seed has its own batch sequence; only runs of one
+    seed must agree."""
+    hashes = {(m, s): f"seed{s}" for m in ("baseline", "a") for s in range(3)}
+    res = _with_hashes(fake_results(tmp_path / "a", {"baseline": 3, "a": 3}), hashes)
+    assert any("same batches" in w for w in budget_warnings(res))  # as if fixed
+    res.data_order = "per_seed"
+    assert budget_warnings(res) == []
+    res.rows[-1].batches_sha256 = "other"  # `a` seed 2
+    (warning,) = budget_warnings(res)
+    assert "at tiny, 1000 steps, seed 2: 2 sequences" in warning
+    assert "(data.order per_seed)" in warning
+
+
+def test_the_data_order_comes_from_the_spec(tmp_path: Path) -> None:
+    from modbench.study.results import load_results
+    from modbench.study.store import Store
+
+    for order in ("fixed", "per_seed"):
+        folder = tmp_path / order
+        folder.mkdir()
+        spec = {"name": "o", "methods": [], "scales": ["tiny"], "data": {"order": order},
+                "seeds": {"default": [0], "noise_floor": []}}
+        (folder / "spec.yaml").write_text(yaml.safe_dump(spec))
+        Store(folder)
+        assert load_results(folder).data_order == order
+
+
+def test_runs_that_did_not_learn_are_flagged(tmp_path: Path) -> None:
+    res = fake_results(tmp_path, {"baseline": 3, "a": 3})
+    for r in res.rows:
+        r.initial_val_loss = 6.2
+    res.rows[-1].val_loss = 6.2383  # `a` seed 2: not below its initial loss
+    (warning,) = budget_warnings(res)
+    assert warning == ("1 finished run(s) did not learn (final validation loss not below the "
+                       "initial one): `a` seed 2 at tiny (6.2000 → 6.2383).")

@@ -41,6 +41,9 @@ class RunRow:
     run_dir: Path | None = None  # the run folder (metrics.jsonl for the curves)
     steps: int | None = None  # steps trained (to the divergence for a diverged run)
     steps_planned: int | None = None  # the run's train.steps
+    # sha256 chained over every batch the run saw (summary.batches_sha256; None: not recorded)
+    batches_sha256: str | None = None
+    initial_val_loss: float | None = None  # validation loss before training
 
     @classmethod
     def from_record(cls, record: dict[str, Any], run_dir: Path | None = None) -> RunRow:
@@ -62,7 +65,8 @@ class RunRow:
             diverged_at_step=s.get("diverged_at_step"),
             last_grad_norms=s.get("last_grad_norms") or [], tasks=tasks, task_items=items,
             climb_avg=ev.get("climb_avg"), run_dir=run_dir, steps=s.get("steps"),
-            steps_planned=s.get("steps_planned"))
+            steps_planned=s.get("steps_planned"), batches_sha256=s.get("batches_sha256"),
+            initial_val_loss=s.get("initial_val_loss"))
 
     @property
     def diverged(self) -> bool:
@@ -211,6 +215,9 @@ class StudyResults:
     comparisons: dict[str, list[dict[str, Any]]]  # scale -> compare() results as dicts
     flops: dict[str, dict[str, MethodFlops]] = field(default_factory=dict)  # scale -> method
     claim: ClaimCheck | None = None  # the published claim the study tests, if it names one
+    # the spec's data.order: "fixed" (every run sees one batch sequence) or "per_seed" (runs
+    # of one init seed see one sequence); the report checks the runs' batch hashes against it
+    data_order: str = "fixed"
 
     def flops_of(self, scale: str, method: str) -> MethodFlops | None:
         return self.flops.get(scale, {}).get(method)

@@ -29,7 +29,7 @@ import os
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 MIN_DOCSTRING_CHARS = 200
@@ -162,7 +162,23 @@ def _load_cached(path: Path) -> tuple[str, ...] | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
+def _per_cache_dir(fn: Callable[[], tuple[str, ...]]) -> Callable[[], tuple[str, ...]]:
+    """Memoize ``fn`` in-process per cache directory (``$MODBENCH_CACHE`` at the call), so a
+    process that switches cache directories still finds (or writes) the corpus file in the
+    one in use."""
+    memo: dict[str, tuple[str, ...]] = {}
+
+    @functools.wraps(fn)
+    def wrapper() -> tuple[str, ...]:
+        key = os.environ.get("MODBENCH_CACHE", "")
+        if key not in memo:
+            memo[key] = fn()
+        return memo[key]
+
+    return wrapper
+
+
+@_per_cache_dir
 def _builtin_documents_cached() -> tuple[str, ...]:
     """The corpus, memoized in-process and on disk (parsing the stdlib takes a few seconds)."""
     from modbench.data._fs import cache_dir

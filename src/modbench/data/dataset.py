@@ -63,6 +63,7 @@ def _load_metadata(path: Path) -> dict[str, Any]:
             and meta["dtype"] in ("uint16", "uint32")
             and isinstance(tok["vocab_size"], int)
             and isinstance(tok["eos_id"], int)
+            and 0 <= tok["eos_id"] < tok["vocab_size"]
         )
         for split in SPLITS:
             info = meta["splits"][split]
@@ -105,6 +106,8 @@ class TokenDataset:
                 counts.append(counts[-1] + int(shard["sequences"]))
             self._shards[split] = maps
             self._offsets[split] = np.asarray(counts, dtype=np.int64)
+        if verify:
+            self._check_tokenizer()
         self._perm_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     # ------------------------------------------------------------------ opening / checking
@@ -117,9 +120,32 @@ class TokenDataset:
         size = file.stat().st_size
         if size != expected:
             raise _shard_error(file, f"has {size} bytes, expected {expected}")
-        if verify and sha256_file(file) != shard["sha256"]:
-            raise _shard_error(file, "fails its sha256 checksum")
+        if verify:
+            self._check_shard(file, shard["sha256"])
         return np.memmap(file, dtype=self.dtype, mode="r", shape=(rows, self.seq_len))
+
+    def _check_shard(self, file: Path, sha256: str) -> None:
+        """The shard's checksum, and that every token id is inside the vocabulary (a shard
+        rewritten with its checksum updated, or written by a bigger tokenizer, would
+        otherwise index past the embedding mid-training)."""
+        digest, top = _digest_and_max(file, self.dtype)
+        if digest != sha256:
+            raise _shard_error(file, "fails its sha256 checksum")
+        if top >= self.vocab_size:
+            raise _shard_error(file, f"holds token id {top}, outside the vocabulary of "
+                                     f"{self.vocab_size} tokens metadata.json records")
+
+    def _check_tokenizer(self) -> None:
+        """``tokenizer.json`` is the tokenizer ``metadata.json`` records (its sha256)."""
+        tok_file = self.path / self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+        if not tok_file.is_file():
+            raise ModbenchError(f"{tok_file} is missing; {_PREPARE_HINT}")
+        if sha256_file(tok_file) != self.meta["tokenizer"].get("sha256"):
+            raise ModbenchError(
+                f"{tok_file} is not the tokenizer {self.path / METADATA_FILE} records (its "
+                f"sha256 differs): the manifest and the tokenizer come from different "
+                f"preparations; {_PREPARE_HINT}"
+            )
 
     def verify(self) -> list[str]:
         """Re-check every shard's sha256 and the tokenizer file; return the files checked."""
@@ -129,15 +155,10 @@ class TokenDataset:
                 file = self.path / shard["file"]
                 if not file.is_file():
                     raise _shard_error(file, "is missing")
-                if sha256_file(file) != shard["sha256"]:
-                    raise _shard_error(file, "fails its sha256 checksum")
+                self._check_shard(file, shard["sha256"])
                 checked.append(shard["file"])
-        tok_file = self.path / self.meta["tokenizer"].get("file", TOKENIZER_FILE)
-        if not tok_file.is_file():
-            raise ModbenchError(f"{tok_file} is missing; {_PREPARE_HINT}")
-        if sha256_file(tok_file) != self.meta["tokenizer"]["sha256"]:
-            raise ModbenchError(f"{tok_file} fails its sha256 checksum; {_PREPARE_HINT}")
-        checked.append(tok_file.name)
+        self._check_tokenizer()
+        checked.append(self.meta["tokenizer"].get("file", TOKENIZER_FILE))
         return checked
 
     def tokenizer(self) -> Tokenizer:
@@ -183,7 +204,8 @@ class TokenDataset:
             raise ModbenchError(f"unknown split {split!r}; use 'train' or 'val'")
         return split
 
-    def _require_rows(self, split: str) -> int:
+    def require_rows(self, split: str) -> int:
+        """The number of rows of ``split``; an error saying what to do when it has none."""
         n = self.num_sequences(split)
         if n == 0:
             docs = self.meta.get("documents", {}).get(split, "?")
@@ -227,7 +249,7 @@ class TokenDataset:
         ):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
                 raise ModbenchError(f"{name} must be an integer >= {low}, got {value!r}")
-        n = self._require_rows("train")
+        n = self.require_rows("train")
         first = int(step) * int(batch_size)
         sample = np.arange(first, first + int(batch_size), dtype=np.int64)
         epochs = sample // n
@@ -262,7 +284,7 @@ class TokenDataset:
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ModbenchError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        n = self._require_rows("val")
+        n = self.require_rows("val")
         if max_sequences is not None:
             if max_sequences < 1:
                 raise ModbenchError(f"max_sequences must be >= 1 or None, got {max_sequences!r}")
@@ -295,6 +317,22 @@ class TokenDataset:
                 f"in {len(info['shards'])} shard(s)"
             )
         return "\n".join(lines)
+
+
+_CHUNK = 1 << 23  # bytes read at a time when checking a shard (a multiple of 4)
+
+
+def _digest_and_max(path: Path, dtype: np.dtype[Any]) -> tuple[str, int]:
+    """The file's sha256 and its largest token id, in one pass."""
+    h = hashlib.sha256()
+    top = -1
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+            ids = np.frombuffer(chunk, dtype=dtype, count=len(chunk) // dtype.itemsize)
+            if ids.size:
+                top = max(top, int(ids.max()))
+    return h.hexdigest(), top
 
 
 def open_dataset(path: str | Path, verify: bool = True) -> TokenDataset:

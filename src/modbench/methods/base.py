@@ -227,7 +227,13 @@ def _parse_options(cls: type[Method], args: str) -> Any:
                 f"unknown option '{key}' for method '{cls.name}'{suggest(key, fields)}; "
                 f"its options are: {known}"
             )
-        values[key] = _check_option(cls.name, key, yaml.safe_load(raw), hints[key])
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ModbenchError(f"option {key}={raw!r} of method '{cls.name}' cannot be read "
+                                f"({e.__class__.__name__}); give a plain value such as 1e-4, "
+                                "true or full") from None
+        values[key] = _check_option(cls.name, key, value, hints[key])
     return cls.Options(**values)
 
 

@@ -148,6 +148,12 @@ class PowerNorm(Method):
         warmup: int = 10000  # optimizer steps that use batch statistics in the forward
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
+        if self.opts.groups is not None and self.opts.groups < 1:
+            raise ModbenchError(f"option groups={self.opts.groups} of method 'powernorm' must be "
+                                "at least 1 (or null for n_heads)")
+        if self.opts.warmup < 0:
+            raise ModbenchError(f"option warmup={self.opts.warmup} of method 'powernorm' must "
+                                "be 0 or more steps")
         groups = self.opts.groups or cfg.n_heads
         warmup = self.opts.warmup
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from modbench.config import ModelConfig
+from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.attention import ExplicitKernel
 from modbench.model.spec import ModelSpec
@@ -76,6 +77,9 @@ class SigmoidAttention(Method):
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         n = self.opts.n if self.opts.n is not None else cfg.max_seq_len
+        if n < 1:
+            raise ModbenchError(f"option n={n} of method 'sigmoid' must be at least 1 (the "
+                                "sequence length of the bias -log n; null: model.max_seq_len)")
         learnable = self.opts.learnable_bias
 
         def factory(c: ModelConfig, layer: int) -> nn.Module:

@@ -14,7 +14,9 @@ downstream score), Figure 3 (per-task Δ heatmap), and the loss and grad-norm cu
 Right after the title, a "Warnings" list says when the runs are short of what a verdict needs
 (:func:`budget_warnings`): a method at a scale with fewer than :data:`MIN_SEEDS` finite seeds
 (or a scale without a finished baseline), runs that stopped before their planned steps or did
-not finish, and a baseline that stopped far from convergence: its validation loss still falling
+not finish, runs that should have seen the same batches and did not (``batches_sha256``
+against the spec's data order) or did not learn at all, and a baseline that stopped far from
+convergence: its validation loss still falling
 fast when training ended (over its last validation interval it fell by more than
 :data:`STILL_FALLING` of its value), or fewer than :data:`MIN_TOKENS_PER_PARAM` training
 tokens per parameter.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import itertools
 import json
 import math
@@ -42,6 +45,7 @@ from modbench.analysis.results import (
     higher_is_better,
 )
 from modbench.analysis.stats import CORRECTIONS, decision_threshold, spearman_across_scales
+from modbench.fsutil import atomic_write_text
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves
 
@@ -115,10 +119,11 @@ def write_report(results: StudyResults, out: Path) -> Path:
     _divergence(rows, blocks)
     _figures(rows, baseline, out, blocks)
     _write_csv(rows, out / "results.csv")
-    (out / "results.json").write_text(json.dumps(results.comparisons, indent=1, default=str)
-                                      + "\n")
-    (out / "report.md").write_text(_markdown(blocks, out))
-    (out / "report.html").write_text(_html(blocks))
+    # each file atomically: a report cut mid-write (a killed study) leaves whole files
+    atomic_write_text(out / "results.json",
+                      json.dumps(results.comparisons, indent=1, default=str) + "\n")
+    atomic_write_text(out / "report.md", _markdown(blocks, out))
+    atomic_write_text(out / "report.html", _html(blocks))
     return out
 
 
@@ -249,6 +254,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
       (the baseline included), or a scale with runs but no finished baseline;
     * steps: finished, non-diverged runs that stopped before their planned steps, and runs
       that did not finish (failed, pending, running: they are in no table);
+    * data: runs that should have seen the same batches and did not, and runs that did not
+      learn at all (:func:`_data_warnings`);
     * convergence: a finished baseline run whose validation loss, between its last two
       validation points (``metrics.jsonl`` through ``runtime.runfolder.curves``), fell by more
       than :data:`STILL_FALLING` of the earlier value; or finished baseline runs that saw fewer
@@ -292,12 +299,54 @@ def budget_warnings(results: StudyResults) -> list[str]:
                    "last two validation points): " + "; ".join(falling) + ". Training stopped "
                    "far from convergence; verdicts at this budget may not hold for full-length "
                    "runs.")
+    out += _data_warnings(results)
     budget = _few_tokens(rows, results.baseline)
     if budget:
         out.append("The baseline trained on few tokens per parameter (rule: fewer than "
                    f"{MIN_TOKENS_PER_PARAM:g}; the seed study trains 1.2B parameters on 23B "
                    "tokens, about 19): " + "; ".join(budget) + ". Training stopped far from "
                    "convergence; verdicts at this budget may not hold for full-length runs.")
+    return out
+
+
+def _data_warnings(results: StudyResults) -> list[str]:
+    """Runs that did not see the batches the protocol gives them, and runs that stalled.
+
+    Data: with ``data_order`` ``fixed`` every finished, non-diverged run at a scale with the
+    same number of steps must have seen one batch sequence (one ``batches_sha256``); with
+    ``per_seed``, those of one init seed must. Runs without a recorded hash are skipped.
+    Stalls: finished runs whose final validation loss is not below their initial one."""
+    out = []
+    groups: dict[tuple[Any, ...], list[RunRow]] = {}
+    for r in results.rows:
+        if r.state == "done" and not r.diverged and r.batches_sha256:
+            key = (r.scale, r.steps) + ((r.seed,) if results.data_order == "per_seed" else ())
+            groups.setdefault(key, []).append(r)
+    mixed = []
+    for key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        hashes = sorted({r.batches_sha256 for r in runs if r.batches_sha256})
+        if len(hashes) > 1:
+            where = f"at {key[0]}, {key[1]} steps" + (f", seed {key[2]}" if len(key) > 2
+                                                      else "")
+            seqs = "; ".join(
+                f"{h[:10]}… for " + ", ".join(f"`{r.method}` seed {r.seed}" for r in runs
+                                             if r.batches_sha256 == h) for h in hashes)
+            mixed.append(f"{where}: {len(hashes)} sequences ({seqs})")
+    if mixed:
+        rule = ("every run of a scale (data.order fixed)" if results.data_order != "per_seed"
+                else "the runs of each init seed (data.order per_seed)")
+        out.append("Runs that should have seen the same batches did not (summary."
+                   f"batches_sha256 must agree for {rule}): " + "; ".join(mixed)
+                   + ". Their differences mix the method's effect with a data difference; "
+                   "check data.source, the data seeds and the probe settings of these runs.")
+    stalled = [r for r in results.rows if r.state == "done" and not r.diverged
+               and r.val_loss is not None and r.initial_val_loss is not None
+               and r.val_loss >= r.initial_val_loss]
+    if stalled:
+        out.append(f"{len(stalled)} finished run(s) did not learn (final validation loss not "
+                   "below the initial one): " + ", ".join(
+                       f"`{r.method}` seed {r.seed} at {r.scale} ({_fmt(r.initial_val_loss)} "
+                       f"→ {_fmt(r.val_loss)})" for r in stalled) + ".")
     return out
 
 
@@ -460,14 +509,15 @@ def _curves(row: RunRow) -> dict[str, list[tuple[int, float]]]:
 
 def _write_csv(rows: list[RunRow], path: Path) -> None:
     tasks = sorted({t for r in rows for t in r.tasks})
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["key", "scale", "method", "seed", "state", "status", "val_loss", "params",
-                    "steps", "steps_planned", "tokens", "diverged_at_step", "climb_avg", *tasks])
-        for r in rows:
-            w.writerow([r.key, r.scale, r.method, r.seed, r.state, r.status, r.val_loss, r.params,
-                        r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.climb_avg,
-                        *[r.tasks.get(t) for t in tasks]])
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["key", "scale", "method", "seed", "state", "status", "val_loss", "params",
+                "steps", "steps_planned", "tokens", "diverged_at_step", "climb_avg", *tasks])
+    for r in rows:
+        w.writerow([r.key, r.scale, r.method, r.seed, r.state, r.status, r.val_loss, r.params,
+                    r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.climb_avg,
+                    *[r.tasks.get(t) for t in tasks]])
+    atomic_write_text(path, buf.getvalue())
 
 
 def _markdown(blocks: list[Block], out: Path) -> str:

@@ -31,6 +31,8 @@ def open_data(cfg: RunConfig, progress: bool = True) -> TokenDataset | ProbeMixD
             f"data at {path} is packed in rows of {ds.seq_len} tokens but train.seq_len is "
             f"{cfg.train.seq_len}; use --set train.seq_len={ds.seq_len} or re-prepare the data"
         )
+    for split in ("train", "val"):  # an empty split fails now, not mid-run
+        ds.require_rows(split)
     if cfg.data.probe_mix:
         return ProbeMixDataset(ds, cfg.data.probe_mix, cfg.data.probe_loss)
     return ds

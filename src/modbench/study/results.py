@@ -68,7 +68,7 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
     return StudyResults(
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
         metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,
-        claim=claim)
+        claim=claim, data_order=spec.data.order)
 
 
 def write_study_report(folder: str | Path, metric: str | None = None) -> Path:

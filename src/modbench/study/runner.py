@@ -9,6 +9,8 @@ store's atomic claims make them safe to run side by side.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -17,6 +19,7 @@ import shutil
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +28,7 @@ from tqdm.auto import tqdm
 
 from modbench.config import from_dict
 from modbench.errors import ModbenchError
+from modbench.fsutil import atomic_write_text
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store
 
@@ -168,9 +172,20 @@ def auto_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+#: A job whose worker process dies (killed, out of memory, a crash below Python) goes to a
+#: fresh worker; after this many deaths its unfinished runs are recorded as failed.
+WORKER_DEATHS = 3
+
+
 class LocalExecutor:
-    """This machine: in process for one worker, else a spawn pool of ``workers`` processes
-    sharing the CPU threads evenly."""
+    """This machine: in process for one worker, else ``workers`` spawned worker processes
+    sharing the CPU threads evenly.
+
+    Each worker gets one job at a time over its own pipe, so the parent always knows which
+    job a worker holds. A worker that dies mid-job (SIGKILL, the OOM killer) is noticed at
+    once: its claims are released (:meth:`Store.release_dead`), the runs it finished are
+    reported, and the rest of its job goes to a fresh worker (at most
+    :data:`WORKER_DEATHS` times), while the other workers carry on."""
 
     def __init__(self, workers: int | None = None) -> None:
         workers = auto_workers() if workers is None else workers
@@ -185,16 +200,109 @@ class LocalExecutor:
                 yield execute_job(job)
             return
         threads = max(1, (os.cpu_count() or 1) // workers)
-        jobs = [dataclasses.replace(j, threads=threads) for j in jobs]
-        pool = multiprocessing.get_context("spawn").Pool(workers)
+        queue = collections.deque(dataclasses.replace(j, threads=threads) for j in jobs)
+        ctx = multiprocessing.get_context("spawn")
+        pool: list[_Worker] = []
+        deaths: dict[tuple[str, ...], int] = {}
         try:
-            yield from pool.imap_unordered(execute_job, jobs)
-            pool.close()  # let the workers exit on their own (no leaked semaphores)
+            while queue or any(w.job for w in pool):
+                for w in pool:
+                    if w.job is None and queue:
+                        w.give(queue.popleft())
+                while queue and len(pool) < workers:
+                    pool.append(_Worker(ctx, queue.popleft()))
+                ready = set(connection.wait([w.conn for w in pool]
+                                            + [w.process.sentinel for w in pool]))
+                for w in list(pool):
+                    if w.conn in ready and w.job is not None:
+                        try:
+                            results = w.conn.recv()
+                        except (EOFError, OSError):
+                            pass  # it died while sending: handled below
+                        else:
+                            w.job = None
+                            yield results
+                            continue
+                    if w.process.sentinel in ready or w.conn in ready:
+                        pool.remove(w)
+                        lost = w.close()
+                        if lost is not None:
+                            yield from _requeue(lost, deaths, queue)
         except BaseException:
-            pool.terminate()
+            for w in pool:
+                w.process.terminate()
             raise
         finally:
-            pool.join()
+            for w in pool:
+                w.close()
+
+
+def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
+             queue: collections.deque[Job]) -> Iterator[list[JobResult]]:
+    """A job whose worker died: release its claims, report the runs it finished, and queue
+    the rest again (or fail them after :data:`WORKER_DEATHS` deaths)."""
+    store = Store(job.root)
+    store.release_dead()
+    rows = {r["key"]: r for r in store.rows()}
+    keep = [i for i, k in enumerate(job.keys) if rows.get(k, {}).get("state") != "done"]
+    finished = [JobResult(k, label, "trained", rows[k]["status"])
+                for k, label in zip(job.keys, job.labels, strict=True) if k in rows
+                and rows[k]["state"] == "done"]
+    if finished:
+        yield finished
+    if not keep:
+        return
+    rest = dataclasses.replace(job, keys=tuple(job.keys[i] for i in keep),
+                               labels=tuple(job.labels[i] for i in keep),
+                               configs=tuple(job.configs[i] for i in keep))
+    n = deaths[rest.keys] = deaths.get(job.keys, 0) + 1
+    if n < WORKER_DEATHS:
+        queue.appendleft(rest)
+        return
+    msg = (f"its worker process died {n} times (killed, or out of memory); run `modbench "
+           "study run` again to retry it")
+    for k in rest.keys:
+        store.fail(k, msg)
+    yield [JobResult(k, label, "failed", error=msg)
+           for k, label in zip(rest.keys, rest.labels, strict=True)]
+
+
+def _worker_main(conn: Any) -> None:
+    """A worker process: run the jobs that arrive on ``conn`` until it sends None."""
+    try:
+        while (job := conn.recv()) is not None:
+            conn.send(execute_job(job))
+    except (EOFError, KeyboardInterrupt):  # the parent is gone, or Ctrl-C reached us too
+        pass
+
+
+class _Worker:
+    """One worker process of :class:`LocalExecutor`, its pipe and the job it holds."""
+
+    def __init__(self, ctx: Any, job: Job) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+        self.job: Job | None = None
+        self.give(job)
+
+    def give(self, job: Job) -> None:
+        self.job = job
+        self.conn.send(job)
+
+    def close(self) -> Job | None:
+        """Stop the worker (if it still runs); return the job it died holding, if any."""
+        if self.process.is_alive() and self.job is None:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+        self.conn.close()
+        lost, self.job = self.job, None
+        return lost
 
 
 EXECUTORS = {"local": LocalExecutor}
@@ -238,7 +346,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     """
     runs = expand(spec)
     store = Store(out)
-    (Path(out) / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    atomic_write_text(Path(out) / "spec.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
     store.release_dead()
     counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
                               "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}

@@ -87,11 +87,15 @@ class Store:
         host = socket.gethostname()
         n = 0
         with self._db() as db:
-            for row in db.execute("SELECT key, worker FROM runs WHERE state='running'"):
+            rows = db.execute("SELECT key, worker FROM runs WHERE state='running'").fetchall()
+            for row in rows:
                 if worker_gone(row["worker"], host):
-                    db.execute("UPDATE runs SET state='pending', worker=NULL WHERE key=?",
-                               (row["key"],))
-                    n += 1
+                    # only if that dead worker still holds it: another process may have
+                    # released and claimed it since the SELECT (a live claim stays)
+                    cur = db.execute("UPDATE runs SET state='pending', worker=NULL "
+                                     "WHERE key=? AND state='running' AND worker=?",
+                                     (row["key"], row["worker"]))
+                    n += cur.rowcount
         return n
 
     def finish(self, key: str, summary: dict[str, Any], evaluation: dict[str, Any] | None) -> None:
@@ -138,4 +142,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that has exited but was not reaped yet (e.g. a killed study's workers,
+    orphaned under a container init that reaps late): it answers signal 0 but is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith("Z")

@@ -373,6 +373,8 @@ class Trainer:
             meta["init_from"] = load_initial_weights(m.model, self.plan.methods, m.cfg.model,
                                                      self.init_checkpoint)
         m.out.mkdir(parents=True, exist_ok=True)
+        for stale in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
+            stale.unlink(missing_ok=True)  # a stacked member restarted with the others
         atomic_write_text(m.out / CONFIG, dump_yaml(m.cfg) + "\n"
                           + yaml.safe_dump({"meta": meta}, sort_keys=False))
         return 0 if (m.out / METRICS).is_file() else None
@@ -445,10 +447,10 @@ class Trainer:
 
 
 def _resume_points(members: list[Member]) -> dict[int, Path]:
-    """The checkpoint each member resumes from. Members without one (killed before their
-    first) start afresh. Stacked members resume from the newest step they all have: a kill
-    between two members' checkpoint writes leaves some a step ahead, and those go back to
-    the previous checkpoint they kept."""
+    """The checkpoint each member resumes from. Stacked members resume from the newest step
+    they all have: a kill between two members' checkpoint writes leaves some a step ahead,
+    and those go back to the previous checkpoint they kept. When they share none (some were
+    killed before their first checkpoint) all start afresh, from step 0."""
     if len(members) == 1:
         last = members[0].out / CHECKPOINT
         return {0: last} if last.is_file() else {}
@@ -457,13 +459,12 @@ def _resume_points(members: list[Member]) -> dict[int, Path]:
         for path in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
             if path.is_file():
                 have.setdefault(m.index, {})[checkpoint_step(path)] = path
-    if have:
-        common = set.intersection(*(set(h) for h in have.values())) if len(have) == len(
-            members) else set()
-        if common:
-            step = max(common)
-            return {k: h[step] for k, h in have.items()}
-    return {k: h[max(h)] for k, h in have.items()}
+    common = set.intersection(*(set(h) for h in have.values())) if len(have) == len(
+        members) else set()
+    if not common:  # step 0 is the one they all have: every member starts afresh
+        return {}
+    step = max(common)
+    return {k: h[step] for k, h in have.items()}
 
 
 def _member_runs(cfg: RunConfig, out_dir: str | Path | Sequence[str | Path],
