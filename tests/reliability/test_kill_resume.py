@@ -147,7 +147,6 @@ class Tally:
         return d
 
 
-
 def one_case(ctx: Any, ref: Reference, kills: list[dict[str, Any]], folder: Path,
              tally: Tally) -> None:
     """Kill the run at each of ``kills`` in turn (the first on a fresh start, the others on
