@@ -24,9 +24,11 @@ from modbench.data.prepare import (
     FORMAT_VERSION,
     builtin_dataset,
     builtin_dataset_path,
+    parse_token_count,
     prepare_dataset,
 )
-from modbench.data.sources import iter_documents, iter_hf_documents
+from modbench.data.recipes import RECIPES, prepare_recipe, train_tokenizer
+from modbench.data.sources import iter_documents, iter_hf_documents, open_source
 from modbench.data.tokenizer import (
     EOS_TOKEN,
     MIN_VOCAB_SIZE,
@@ -44,6 +46,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "MIN_VOCAB_SIZE",
+    "RECIPES",
     "TokenDataset",
     "builtin_corpus_fingerprint",
     "builtin_dataset",
@@ -59,8 +62,12 @@ __all__ = [
     "iter_hf_documents",
     "load_tokenizer",
     "open_dataset",
+    "open_source",
+    "parse_token_count",
     "prepare_dataset",
+    "prepare_recipe",
     "tokenizer_sha256",
     "tokenizer_vocab_size",
     "train_bpe",
+    "train_tokenizer",
 ]

@@ -7,17 +7,19 @@ The main CLI mounts :data:`data_app` as ``modbench data`` and turns a
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from modbench.data.dataset import open_dataset
-from modbench.data.prepare import DEFAULT_SHARD_SEQUENCES, prepare_dataset
+from modbench.data.prepare import DEFAULT_SHARD_SEQUENCES, TOKENIZER_FILE
+from modbench.data.recipes import RECIPES, prepare_recipe, train_recipe_tokenizer
 
 data_app = typer.Typer(
     help=(
-        "Prepare, inspect and verify tokenized datasets.\n\n"
+        "Prepare, inspect and verify tokenized datasets; train tokenizers.\n\n"
         "Example: modbench data prepare --source ./texts --tokenizer builtin "
         "--vocab-size 4096 --out data/mytexts"
     ),
@@ -28,38 +30,77 @@ data_app = typer.Typer(
 
 @data_app.command("prepare")
 def prepare_cmd(
+    out: Annotated[Path, typer.Option("--out", help="New (or empty) output directory.")],
     source: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--source",
-            help="A .txt/.jsonl/.json/.parquet file, a directory of them, or hf:NAME[:CONFIG].",
+            help="A .txt/.jsonl/.json(.gz)/.parquet file, a directory of them, or "
+            "hf:NAME[:CONFIG] (default: the recipe's).",
         ),
-    ],
-    out: Annotated[Path, typer.Option("--out", help="New (or empty) output directory.")],
+    ] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option("--recipe", help="Defaults of a source paper's corpus: c4-llama, climbmix "
+                     "(see `modbench data recipes`); explicit options win."),
+    ] = None,
     tokenizer: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--tokenizer", help="'builtin', a tokenizer.json (or its directory), or hf:NAME."
+            "--tokenizer", help="'builtin', a tokenizer.json (or its directory), or hf:NAME "
+            "(default: builtin, or the recipe's)."
         ),
-    ] = "builtin",
+    ] = None,
     vocab_size: Annotated[
         int | None,
-        typer.Option("--vocab-size", help="Vocabulary size (required for --tokenizer builtin)."),
+        typer.Option("--vocab-size", help="Vocabulary size (required for --tokenizer builtin; "
+                     "otherwise a check)."),
     ] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per packed row.")] = 256,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="Tokens per packed row (default 256).")
+    ] = None,
     val_fraction: Annotated[
-        float, typer.Option("--val-fraction", help="Share of documents held out for validation.")
-    ] = 0.02,
+        float | None,
+        typer.Option("--val-fraction", help="Share of documents held out for validation "
+                     "(default 0.02)."),
+    ] = None,
     text_field: Annotated[
-        str, typer.Option("--text-field", help="JSON field / parquet column holding the text.")
-    ] = "text",
+        str | None,
+        typer.Option("--text-field", help="JSON field / parquet column holding the text "
+                     "(default text)."),
+    ] = None,
     split: Annotated[
-        str, typer.Option("--split", help="Split to read from an hf: source.")
-    ] = "train",
+        str | None, typer.Option("--split", help="Split to read from an hf: source (train).")
+    ] = None,
     data_files: Annotated[
         str | None,
         typer.Option("--data-files", help="data_files glob for an hf: source (e.g. hf:json)."),
     ] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Branch, tag or commit of an hf: source.")
+    ] = None,
+    source_tokenizer: Annotated[
+        str | None,
+        typer.Option("--source-tokenizer", help="Decodes a source that stores token ids "
+                     "(nvidia's ClimbMix: GPT-2)."),
+    ] = None,
+    max_tokens: Annotated[
+        str | None,
+        typer.Option("--max-tokens", help="Training-token budget, e.g. 23.28B: a smaller budget "
+                     "gives exactly the first rows of a larger one."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Read the source's files in a shuffle drawn from this seed."),
+    ] = None,
+    model_vocab_size: Annotated[
+        int | None,
+        typer.Option("--model-vocab-size", help="Embedding size of the models this data is for, "
+                     "when padded beyond the tokenizer (recorded; training accepts it)."),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Tokenizer processes (the output is the same).")
+    ] = 1,
     shard_sequences: Annotated[
         int, typer.Option("--shard-sequences", help="Rows per shard file.")
     ] = DEFAULT_SHARD_SEQUENCES,
@@ -69,35 +110,108 @@ def prepare_cmd(
 ) -> None:
     """Tokenize a text source, pack it into rows of --seq-len tokens, write checksummed shards.
 
+    Resumable: run a killed prepare again with the same options and it continues.
+
     Example: modbench data prepare --source ./texts --tokenizer builtin --vocab-size 4096 --out data/mytexts
+
+    Example: modbench data prepare --recipe c4-llama --workers 8 --out data/c4-llama
+
+    Example: modbench data prepare --recipe climbmix --tokenizer data/climbmix-tokenizer --max-tokens 23.28B --workers 8 --out data/climbmix-1.2b
     """  # noqa: E501
-    meta = prepare_dataset(
-        source,
-        tokenizer,
-        out,
-        seq_len=seq_len,
-        vocab_size=vocab_size,
-        val_fraction=val_fraction,
-        shard_sequences=shard_sequences,
-        text_field=text_field,
-        split=split,
-        data_files=data_files,
-        progress=progress,
+    meta = prepare_recipe(
+        recipe, out, source=source, tokenizer=tokenizer, vocab_size=vocab_size,
+        seq_len=seq_len, val_fraction=val_fraction, text_field=text_field, split=split,
+        data_files=data_files, revision=revision, source_tokenizer=source_tokenizer,
+        max_tokens=max_tokens, shuffle_seed=seed, model_vocab_size=model_vocab_size,
+        workers=workers, shard_sequences=shard_sequences, progress=progress,
     )
     train, val = meta["splits"]["train"], meta["splits"]["val"]
+    rows = meta["seq_len"]
     typer.echo(
         f"wrote {out}: {train['sequences']} train + {val['sequences']} val sequences of "
-        f"{seq_len} tokens ({meta['documents']['train']} + {meta['documents']['val']} documents, "
-        f"{meta['tokens_discarded']} tokens discarded by packing)"
+        f"{rows} tokens ({meta['documents']['train']} + {meta['documents']['val']} documents, "
+        f"{meta['tokens_discarded']} tokens discarded)"
     )
+    if meta.get("budget_reached") is False:
+        typer.echo(
+            f"warning: the source ended before --max-tokens {meta['max_tokens']}: the train split "
+            f"holds {train['tokens']} tokens",
+            err=True,
+        )
     for name, info in (("train", train), ("val", val)):
         if info["sequences"] == 0:
             typer.echo(
-                f"warning: the {name} split has no full row of {seq_len} tokens and cannot be "
+                f"warning: the {name} split has no full row of {rows} tokens and cannot be "
                 "used; add data, lower --seq-len"
                 + (" or raise --val-fraction" if name == "val" else ""),
                 err=True,
             )
+
+
+@data_app.command("train-tokenizer")
+def train_tokenizer_cmd(
+    out: Annotated[Path, typer.Option("--out", help="New (or empty) folder for tokenizer.json.")],
+    source: Annotated[
+        str | None, typer.Option("--source", help="As for prepare (default: the recipe's).")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--recipe", help="Source and vocabulary of a recipe.")
+    ] = None,
+    vocab_size: Annotated[
+        int | None, typer.Option("--vocab-size", help="Tokens, EOS included (climbmix: 65536).")
+    ] = None,
+    max_chars: Annotated[
+        str | None,
+        typer.Option("--max-chars", help="Characters of training text to read (default 2B).")
+    ] = None,
+    val_fraction: Annotated[
+        float | None,
+        typer.Option("--val-fraction", help="Leave out the documents prepare holds out.")
+    ] = None,
+    text_field: Annotated[str | None, typer.Option("--text-field", help="As for prepare.")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="As for prepare.")] = None,
+    data_files: Annotated[str | None, typer.Option("--data-files", help="As for prepare.")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="As for prepare.")] = None,
+    source_tokenizer: Annotated[
+        str | None, typer.Option("--source-tokenizer", help="As for prepare.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="As for prepare.")] = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
+    ] = True,
+) -> None:
+    """Train a byte-level BPE of exactly --vocab-size tokens on a source's training text.
+
+    Example: modbench data train-tokenizer --recipe climbmix --out data/climbmix-tokenizer
+
+    Example: modbench data train-tokenizer --source ./texts --vocab-size 8192 --max-chars 50M --out data/tok8k
+    """  # noqa: E501
+    info = train_recipe_tokenizer(
+        recipe, out, source=source, vocab_size=vocab_size, max_chars=max_chars,
+        val_fraction=val_fraction, text_field=text_field, split=split, data_files=data_files,
+        revision=revision, source_tokenizer=source_tokenizer, shuffle_seed=seed,
+        progress=progress,
+    )
+    typer.echo(
+        f"wrote {out / TOKENIZER_FILE}: {info['vocab_size']} tokens, sha256 "
+        f"{info['sha256'][:12]}, trained on {info['chars']:,} characters "
+        f"({info['documents']} documents)"
+    )
+
+
+@data_app.command("recipes")
+def recipes_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print every default as JSON.")] = False,
+) -> None:
+    """List the recipes of `prepare --recipe` and their defaults.
+
+    Example: modbench data recipes --json
+    """
+    if as_json:
+        typer.echo(json.dumps({n: asdict(r) for n, r in RECIPES.items()}, indent=2))
+        return
+    for r in RECIPES.values():
+        typer.echo(f"{r.name:<10} {r.summary}")
 
 
 @data_app.command("info")

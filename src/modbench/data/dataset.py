@@ -65,6 +65,8 @@ def _load_metadata(path: Path) -> dict[str, Any]:
             and isinstance(tok["eos_id"], int)
             and 0 <= tok["eos_id"] < tok["vocab_size"]
         )
+        padded = tok.get("model_vocab_size", tok["vocab_size"])
+        ok = ok and isinstance(padded, int) and padded >= tok["vocab_size"]
         for split in SPLITS:
             info = meta["splits"][split]
             ok = ok and isinstance(info["sequences"], int)
@@ -95,6 +97,9 @@ class TokenDataset:
         self.seq_len: int = int(self.meta["seq_len"])
         self.vocab_size: int = int(self.meta["tokenizer"]["vocab_size"])
         self.eos_id: int = int(self.meta["tokenizer"]["eos_id"])
+        self.model_vocab_size: int = int(
+            self.meta["tokenizer"].get("model_vocab_size", self.vocab_size)
+        )
         self.dtype = np.dtype("<u2") if self.meta["dtype"] == "uint16" else np.dtype("<u4")
         self._shards: dict[str, list[np.memmap[Any, Any]]] = {}
         self._offsets: dict[str, np.ndarray] = {}
@@ -180,12 +185,15 @@ class TokenDataset:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def check_vocab(self, model_vocab_size: int) -> None:
-        """Raise unless the model's vocabulary size equals the data's."""
-        if int(model_vocab_size) != self.vocab_size:
+        """Raise unless the model's vocabulary size equals the data's (the tokenizer's, or the
+        padded ``model_vocab_size`` the preparation recorded, e.g. 65,664 for 65,536 ids)."""
+        if int(model_vocab_size) not in (self.vocab_size, self.model_vocab_size):
+            padded = (f" (or {self.model_vocab_size}, padded)"
+                      if self.model_vocab_size != self.vocab_size else "")
             raise ModbenchError(
-                f"the data in {self.path} has vocab size {self.vocab_size} but the model has "
-                f"{model_vocab_size}; use --set model.vocab_size={self.vocab_size}, or re-prepare "
-                f"the data with a tokenizer of {model_vocab_size} tokens"
+                f"the data in {self.path} has vocab size {self.vocab_size}{padded} but the model "
+                f"has {model_vocab_size}; use --set model.vocab_size={self.vocab_size}, or "
+                f"re-prepare the data with a tokenizer of {model_vocab_size} tokens"
             )
 
     def num_sequences(self, split: str) -> int:
@@ -303,12 +311,17 @@ class TokenDataset:
         lines = [
             f"dataset     {self.path}",
             f"source      {m.get('source')}",
-            f"tokenizer   {tok.get('spec')} (vocab {tok['vocab_size']}, eos id {tok['eos_id']}, "
-            f"sha256 {str(tok.get('sha256', ''))[:12]})",
+            f"tokenizer   {tok.get('spec')} (vocab {tok['vocab_size']}"
+            + (f", model vocab {self.model_vocab_size}"
+               if self.model_vocab_size != self.vocab_size else "")
+            + f", eos id {tok['eos_id']}, sha256 {str(tok.get('sha256', ''))[:12]})",
             f"seq_len     {self.seq_len} ({m['dtype']})",
             f"tokens      {m.get('tokens')} tokenized, {m.get('tokens_discarded')} discarded "
-            "by packing",
+            "(packing tails, budget)",
         ]
+        if m.get("recipe") or m.get("max_tokens"):
+            lines.insert(2, f"recipe      {m.get('recipe')} (budget {m.get('max_tokens')}, "
+                            f"reached: {m.get('budget_reached')}, revision {m.get('revision')})")
         for split in SPLITS:
             info = m["splits"][split]
             lines.append(

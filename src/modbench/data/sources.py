@@ -1,18 +1,39 @@
-"""Where documents come from: local files, directories, Hugging Face datasets, iterables."""
+"""Where documents come from: local files, directories, Hugging Face datasets, iterables.
+
+A source is read as an ordered list of *files*, each an ordered stream of documents
+(:class:`DocumentSource`). That is what lets ``prepare`` resume in the middle of a source
+(a position is a file and a document count in it) and shuffle a source by whole files.
+A document is text, or a list of token ids (a pre-tokenized corpus such as nvidia's
+ClimbMix, decoded back to text with the tokenizer that made it).
+"""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
 import json
-from collections.abc import Iterable, Iterator
+import os
+import re
+from collections.abc import Iterable, Iterator, Sized
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from modbench.errors import ModbenchError, suggest
 
-LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
-"""File types understood as document sources."""
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
+"""File types understood as document sources (``.gz``: gzip-compressed JSON lines, e.g.
+C4's ``c4-train.00000-of-01024.json.gz``)."""
 
 Source = str | Path | Iterable[str]
+Document = str | list[int]
+"""A document: its text, or the token ids a pre-tokenized corpus stores for it."""
+
+_IDS_HINT = (
+    "pass --source-tokenizer with the tokenizer that made them (e.g. hf:openai-community/gpt2 "
+    "for nvidia's ClimbMix) so they are decoded to text"
+)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -38,7 +59,23 @@ def _read_txt(path: Path) -> Iterator[str]:
         ) from exc
 
 
-def _text_of(obj: Any, text_field: str, where: str) -> str | None:
+def _document(value: Any, text_field: str, where: str, ids_ok: bool) -> Document | None:
+    """``value`` as a document: a str, a list of token ids (``ids_ok``), or None (skip)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and (not value or isinstance(value[0], int)):
+        if ids_ok:
+            return value
+        raise ModbenchError(
+            f"{where}: field {text_field!r} holds token ids, not text; {_IDS_HINT}"
+        )
+    raise ModbenchError(
+        f"{where}: field {text_field!r} is a {type(value).__name__}, not a string; "
+        "pick a text field with --text-field"
+    )
+
+
+def _text_of(obj: Any, text_field: str, where: str, ids_ok: bool = False) -> Document | None:
     if not isinstance(obj, dict):
         raise ModbenchError(
             f"{where} is not a JSON object; expected one object per line like "
@@ -46,19 +83,17 @@ def _text_of(obj: Any, text_field: str, where: str) -> str | None:
         )
     if text_field not in obj:
         raise _missing_field(text_field, obj.keys(), where)
-    value = obj[text_field]
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ModbenchError(
-            f"{where}: field {text_field!r} is a {type(value).__name__}, not a string; "
-            "pick a text field with --text-field"
-        )
-    return value
+    return _document(obj[text_field], text_field, where, ids_ok)
 
 
-def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with path.open("r", encoding="utf-8") as fh:
+def _open_text(path: Path) -> IO[str]:
+    if path.name.lower().endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def _read_jsonl(path: Path, text_field: str, ids_ok: bool = False) -> Iterator[Document]:
+    with _open_text(path) as fh:
         try:
             first = fh.read(1)
             while first and first.isspace():
@@ -67,7 +102,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             if first == "[":  # a whole-file JSON array of objects
                 items = json.load(fh)
                 for i, obj in enumerate(items):
-                    text = _text_of(obj, text_field, f"{path} item {i}")
+                    text = _text_of(obj, text_field, f"{path} item {i}", ids_ok)
                     if text is not None:
                         yield text
                 return
@@ -81,12 +116,17 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
                         f"{path}:{lineno} is not valid JSON ({exc.msg}); "
                         "expected one JSON object per line"
                     ) from exc
-                text = _text_of(obj, text_field, f"{path}:{lineno}")
+                text = _text_of(obj, text_field, f"{path}:{lineno}", ids_ok)
                 if text is not None:
                     yield text
         except UnicodeDecodeError as exc:
             raise ModbenchError(
                 f"{path} is not valid UTF-8; convert it to UTF-8 or remove it"
+            ) from exc
+        except (OSError, EOFError) as exc:  # gzip: not gzip data, truncated
+            what = "a readable gzip file" if path.name.lower().endswith(".gz") else "readable"
+            raise ModbenchError(
+                f"{path} is not {what} ({_first_line(exc)}); replace it with a good copy"
             ) from exc
         except json.JSONDecodeError as exc:
             raise ModbenchError(
@@ -95,7 +135,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             ) from exc
 
 
-def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
+def _read_parquet(path: Path, text_field: str, ids_ok: bool = False) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     try:
@@ -110,24 +150,28 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         column = batch.column(0)
         for value in column.to_pylist():
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise ModbenchError(
-                    f"{path}: column {text_field!r} holds {type(value).__name__} values, not "
-                    "strings; pick a text column with --text-field"
-                )
-            yield value
+            doc = _document(value, text_field, str(path), ids_ok)
+            if doc is not None:
+                yield doc
 
 
-def _read_file(path: Path, text_field: str) -> Iterator[str]:
-    suffix = path.suffix.lower()
+def _suffix(path: Path) -> str:
+    """The file type of ``path``: one of :data:`LOCAL_SUFFIXES`, or its plain suffix."""
+    name = path.name.lower()
+    for suffix in LOCAL_SUFFIXES:
+        if name.endswith(suffix):
+            return suffix
+    return path.suffix.lower()
+
+
+def _read_file(path: Path, text_field: str, ids_ok: bool = False) -> Iterator[Document]:
+    suffix = _suffix(path)
     if suffix == ".txt":
         yield from _read_txt(path)
-    elif suffix in (".jsonl", ".json"):
-        yield from _read_jsonl(path, text_field)
+    elif suffix in (".jsonl", ".json", ".jsonl.gz", ".json.gz"):
+        yield from _read_jsonl(path, text_field, ids_ok)
     elif suffix == ".parquet":
-        yield from _read_parquet(path, text_field)
+        yield from _read_parquet(path, text_field, ids_ok)
     else:
         raise ModbenchError(
             f"unsupported source file {path} (suffix {suffix or 'none'!r}); "
@@ -148,7 +192,7 @@ def local_source_files(path: Path) -> list[Path]:
         p
         for p in path.rglob("*")
         if p.is_file()
-        and p.suffix.lower() in LOCAL_SUFFIXES
+        and _suffix(p) in LOCAL_SUFFIXES
         and not any(part.startswith(".") for part in p.relative_to(path).parts)
     ]
     files.sort(key=lambda p: p.relative_to(path).as_posix())
@@ -160,10 +204,12 @@ def local_source_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_local_documents(path: Path, *, text_field: str = "text") -> Iterator[str]:
+def iter_local_documents(
+    path: Path, *, text_field: str = "text", ids_ok: bool = False
+) -> Iterator[Document]:
     """Documents from a local file or (recursively, sorted) a directory of files."""
     for file in local_source_files(path):
-        yield from _read_file(file, text_field)
+        yield from _read_file(file, text_field, ids_ok)
 
 
 def parse_hf_source(source: str) -> tuple[str, str | None]:
@@ -180,6 +226,226 @@ def parse_hf_source(source: str) -> tuple[str, str | None]:
     return name, (config.strip() or None)
 
 
+class TransientError(ModbenchError):
+    """A failure that may pass (network, a worker process killed): ``prepare`` keeps what it
+    finished, and running the same command again resumes."""
+
+
+class SourceUnavailable(TransientError):
+    """Reading a source failed in a way that may pass (network, a file being replaced)."""
+
+
+class DocumentSource:
+    """A source as an ordered list of files, each an ordered stream of documents.
+
+    ``position`` in :meth:`iter_positioned` is ``(k, n)``: ``k`` indexes the reading order
+    (a permutation of the files), ``n`` counts the documents read from that file so far, so
+    reading can restart right after any document.
+    """
+
+    description: str = ""
+    revision: str | None = None
+    length: int | None = None
+    """Number of documents, when known without reading (in-memory lists)."""
+
+    def file_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def file_sizes(self) -> list[int | None]:
+        return [None] * len(self.file_names())
+
+    def iter_file(self, index: int) -> Iterator[Document]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """sha256 over the files' names and sizes (what identifies the data read)."""
+        h = hashlib.sha256()
+        for name, size in zip(self.file_names(), self.file_sizes(), strict=True):
+            h.update(f"{name}\0{size}\n".encode())
+        return h.hexdigest()
+
+    def iter_positioned(
+        self, order: list[int], start: tuple[int, int] = (0, 0)
+    ) -> Iterator[tuple[Document, int, int]]:
+        """``(document, k, n)`` for the documents after position ``start``, files read in
+        ``order``; ``(k, n)`` is the position right after that document."""
+        k0, n0 = start
+        names = self.file_names()
+        for k in range(k0, len(order)):
+            docs = self.iter_file(order[k])
+            n = n0 if k == k0 else 0
+            if n and sum(1 for _ in islice(docs, n)) < n:
+                raise ModbenchError(
+                    f"{names[order[k]]} now has fewer than the {n} documents read from it "
+                    "before, so the source changed; delete the unfinished preparation and "
+                    "start again"
+                )
+            for doc in docs:
+                n += 1
+                yield doc, k, n
+
+
+class LocalSource(DocumentSource):
+    """A local file or directory (recursive, sorted by relative path)."""
+
+    def __init__(self, path: Path, *, text_field: str = "text", ids_ok: bool = False) -> None:
+        self.path = path
+        self.description = str(path)
+        self.text_field = text_field
+        self.ids_ok = ids_ok
+        self.files = local_source_files(path)
+        root = path if path.is_dir() else path.parent
+        self._names = [f.relative_to(root).as_posix() for f in self.files]
+
+    def file_names(self) -> list[str]:
+        return self._names
+
+    def file_sizes(self) -> list[int | None]:
+        return [f.stat().st_size for f in self.files]
+
+    def iter_file(self, index: int) -> Iterator[Document]:
+        return _read_file(self.files[index], self.text_field, self.ids_ok)
+
+
+class InMemorySource(DocumentSource):
+    """An iterable of strings, as one "file"."""
+
+    def __init__(self, docs: Iterable[str]) -> None:
+        self.docs = docs
+        self.description = "<in-memory documents>"
+        self.length = len(docs) if isinstance(docs, Sized) else None
+
+    def file_names(self) -> list[str]:
+        return [self.description]
+
+    def file_sizes(self) -> list[int | None]:
+        return [self.length]
+
+    def iter_file(self, index: int) -> Iterator[Document]:
+        for i, doc in enumerate(self.docs):
+            if not isinstance(doc, str):
+                raise ModbenchError(
+                    f"document {i} of the given iterable is a {type(doc).__name__}, not a str; "
+                    "pass an iterable of strings"
+                )
+            yield doc
+
+
+def _import_datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ModbenchError(
+            "hf: sources need the `datasets` package; install it with pip install 'modbench[hf]'"
+        ) from exc
+    return datasets
+
+
+_COMMIT = re.compile(r"@([0-9a-f]{40})/")
+
+
+class HFSource(DocumentSource):
+    """A Hugging Face dataset split, read file by file with ``datasets`` (streamed).
+
+    ``datasets.load_dataset_builder`` resolves the split's data files (for a Hub dataset:
+    ``hf://`` addresses pinned to the commit of ``revision``, recorded as :attr:`revision`);
+    each file is then read with ``load_dataset(<format>, data_files=[file],
+    streaming=True)``. A dataset whose files cannot be listed is read as one stream.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        name: str | None = None,
+        split: str = "train",
+        data_files: str | list[str] | None = None,
+        revision: str | None = None,
+        text_field: str = "text",
+        ids_ok: bool = False,
+        streaming: bool = True,
+    ) -> None:
+        self.datasets = _import_datasets()
+        self.path, self.name, self.split = path, name, split
+        self.text_field, self.ids_ok, self.streaming = text_field, ids_ok, streaming
+        self.data_files = data_files
+        label = f"Hugging Face dataset {path!r}" + (f" (config {name!r})" if name else "")
+        self.where = f"{label} split {split!r}"
+        try:
+            builder = self.datasets.load_dataset_builder(
+                path, name, data_files=data_files, revision=revision
+            )
+        except Exception as exc:
+            raise ModbenchError(
+                f"could not load {label}, split {split!r}: {_first_line(exc)}; check the name, "
+                "--split, --data-files and network access"
+            ) from exc
+        self.format = str(builder.name)
+        found = builder.config.data_files
+        self._files: list[str] | None = None
+        if found is not None:
+            by_split = {str(k): [str(f) for f in v] for k, v in found.items()}
+            if split not in by_split:
+                raise ModbenchError(
+                    f"{label} has no split {split!r} (it has {', '.join(sorted(by_split))}); "
+                    "pick one with --split"
+                )
+            self._files = by_split[split]
+            if not self._files:
+                raise ModbenchError(f"{self.where} has no data files; check --data-files")
+        commit = _COMMIT.search(self._files[0]) if self._files else None
+        self.revision = commit.group(1) if commit else revision
+        self.description = f"hf:{path}" + (f":{name}" if name else "")
+
+    def file_names(self) -> list[str]:
+        return self._files if self._files is not None else [self.where]
+
+    def file_sizes(self) -> list[int | None]:
+        return [os.path.getsize(f) if os.path.isfile(f) else None for f in self.file_names()]
+
+    def _open(self, index: int) -> Any:
+        if self._files is None:
+            return self.datasets.load_dataset(
+                self.path, self.name, split=self.split, data_files=self.data_files,
+                revision=self.revision, streaming=self.streaming,
+            )
+        return self.datasets.load_dataset(
+            self.format, data_files=[self._files[index]], split="train", streaming=self.streaming
+        )
+
+    def iter_file(self, index: int) -> Iterator[Document]:
+        where = self.where if self._files is None else f"{self._files[index]} ({self.where})"
+        try:
+            ds = self._open(index)
+        except Exception as exc:
+            raise SourceUnavailable(
+                f"could not open {where}: {_first_line(exc)}; check network access and run the "
+                "same command again (a prepare resumes where it stopped)"
+            ) from exc
+        columns = getattr(ds, "column_names", None)
+        if columns is not None:
+            if self.text_field not in columns:
+                raise _missing_field(self.text_field, columns, self.where)
+            if len(columns) > 1 and hasattr(ds, "select_columns"):
+                ds = ds.select_columns([self.text_field])
+        rows = iter(ds)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise SourceUnavailable(
+                    f"reading {where} failed: {_first_line(exc)}; check network access and run "
+                    "the same command again (a prepare resumes where it stopped)"
+                ) from exc
+            if self.text_field not in row:
+                raise _missing_field(self.text_field, row.keys(), self.where)
+            doc = _document(row[self.text_field], self.text_field, self.where, self.ids_ok)
+            if doc is not None:
+                yield doc
+
+
 def iter_hf_documents(
     path: str,
     *,
@@ -188,48 +454,19 @@ def iter_hf_documents(
     data_files: str | list[str] | None = None,
     text_field: str = "text",
     streaming: bool = True,
-) -> Iterator[str]:
-    """Documents of a Hugging Face dataset, read with ``datasets.load_dataset``.
+    revision: str | None = None,
+    ids_ok: bool = False,
+) -> Iterator[Document]:
+    """Documents of a Hugging Face dataset, read with ``datasets`` (see :class:`HFSource`).
 
     ``path``/``name`` are ``load_dataset``'s dataset path and config name (``path`` may be a
     Hub id, a packaged builder such as ``"json"`` with ``data_files``, or a local directory).
     Rows whose ``text_field`` is ``None`` are skipped.
     """
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ModbenchError(
-            "hf: sources need the `datasets` package; install it with pip install 'modbench[hf]'"
-        ) from exc
-    try:
-        ds = datasets.load_dataset(
-            path, name, split=split, data_files=data_files, streaming=streaming
-        )
-    except ModbenchError:
-        raise
-    except Exception as exc:
-        raise ModbenchError(
-            f"could not load Hugging Face dataset {path!r}"
-            + (f" (config {name!r})" if name else "")
-            + f", split {split!r}: {_first_line(exc)}; check the name, --split, --data-files "
-            "and network access"
-        ) from exc
-    where = f"Hugging Face dataset {path!r} split {split!r}"
-    columns = getattr(ds, "column_names", None)
-    if columns is not None and text_field not in columns:
-        raise _missing_field(text_field, columns, where)
-    for row in ds:
-        if text_field not in row:
-            raise _missing_field(text_field, row.keys(), where)
-        value = row[text_field]
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise ModbenchError(
-                f"{where}: field {text_field!r} is a {type(value).__name__}, not a string; "
-                "pick a text field with --text-field"
-            )
-        yield value
+    source = HFSource(path, name=name, split=split, data_files=data_files, revision=revision,
+                      text_field=text_field, ids_ok=ids_ok, streaming=streaming)
+    for i in range(len(source.file_names())):
+        yield from source.iter_file(i)
 
 
 def describe_source(source: Source) -> str:
@@ -241,6 +478,33 @@ def describe_source(source: Source) -> str:
     return "<in-memory documents>"
 
 
+def open_source(
+    source: Source,
+    *,
+    text_field: str = "text",
+    split: str = "train",
+    data_files: str | list[str] | None = None,
+    revision: str | None = None,
+    ids_ok: bool = False,
+) -> DocumentSource:
+    """The :class:`DocumentSource` of any supported source (see
+    :func:`modbench.data.prepare_dataset`); checks that it exists before anything is read."""
+    if isinstance(source, str) and source.startswith("hf:"):
+        name, config = parse_hf_source(source)
+        return HFSource(name, name=config, split=split, data_files=data_files,
+                        revision=revision, text_field=text_field, ids_ok=ids_ok)
+    if data_files is not None:
+        raise ModbenchError(
+            "--data-files only applies to hf: sources; use e.g. --source hf:json "
+            "--data-files 'dir/*.jsonl', or pass the directory as --source"
+        )
+    if revision is not None:
+        raise ModbenchError("--revision only applies to hf: sources; drop it for local files")
+    if isinstance(source, str | Path):
+        return LocalSource(Path(source).expanduser(), text_field=text_field, ids_ok=ids_ok)
+    return InMemorySource(source)
+
+
 def iter_documents(
     source: Source,
     *,
@@ -249,24 +513,8 @@ def iter_documents(
     data_files: str | list[str] | None = None,
 ) -> Iterator[str]:
     """Documents of any supported source (see :func:`modbench.data.prepare_dataset`)."""
-    if isinstance(source, str) and source.startswith("hf:"):
-        name, config = parse_hf_source(source)
-        yield from iter_hf_documents(
-            name, name=config, split=split, data_files=data_files, text_field=text_field
-        )
-        return
-    if data_files is not None:
-        raise ModbenchError(
-            "--data-files only applies to hf: sources; use e.g. --source hf:json "
-            "--data-files 'dir/*.jsonl', or pass the directory as --source"
-        )
-    if isinstance(source, str | Path):
-        yield from iter_local_documents(Path(source).expanduser(), text_field=text_field)
-        return
-    for i, doc in enumerate(source):
-        if not isinstance(doc, str):
-            raise ModbenchError(
-                f"document {i} of the given iterable is a {type(doc).__name__}, not a str; "
-                "pass an iterable of strings"
-            )
-        yield doc
+    src = open_source(source, text_field=text_field, split=split, data_files=data_files)
+    for i in range(len(src.file_names())):
+        for doc in src.iter_file(i):
+            if isinstance(doc, str):  # always: without ids_ok, token-id documents raise
+                yield doc

@@ -127,9 +127,10 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
     """Load a tokenizer from a spec.
 
     ``"builtin"`` (needs ``vocab_size``), a path to a ``tokenizer.json`` file or to a
-    directory containing one, or ``"hf:NAME"`` (``Tokenizer.from_pretrained(NAME)``; needs
-    network or a warm Hugging Face cache). For a file/hf tokenizer, ``vocab_size`` (if given)
-    must match the tokenizer's size.
+    directory containing one (or a Hugging Face tokenizer folder without it, converted by
+    transformers), or ``"hf:NAME"`` (``Tokenizer.from_pretrained(NAME)``, else transformers'
+    ``AutoTokenizer``; needs network or a warm Hugging Face cache). For a file/hf tokenizer,
+    ``vocab_size`` (if given) must match the tokenizer's size.
     """
     spec = str(spec).strip()
     if spec == "builtin":
@@ -145,20 +146,29 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_pretrained(name)
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ModbenchError(
-                f"could not load tokenizer {name!r} from the Hugging Face Hub ({first}); "
-                "check the name and your network, or pass a local tokenizer.json"
-            ) from exc
+            tokenizer = _from_transformers(name)  # a repo with tokenizer.model only, say
+            if tokenizer is None:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ModbenchError(
+                    f"could not load tokenizer {name!r} from the Hugging Face Hub ({first}); "
+                    "check the name, your network and access (gated models need "
+                    "`huggingface-cli login`), or pass a local tokenizer.json"
+                ) from exc
     else:
         path = Path(spec).expanduser()
         if path.is_dir():
+            if not (path / "tokenizer.json").is_file():
+                # a Hugging Face tokenizer folder without tokenizer.json (a sentencepiece
+                # tokenizer.model, say): transformers converts it to a fast tokenizer
+                converted = _from_transformers(str(path)) if _is_hf_folder(path) else None
+                if converted is None:
+                    raise ModbenchError(
+                        f"directory {spec} has no tokenizer.json; point --tokenizer at a "
+                        "tokenizer.json, a directory containing one (or a Hugging Face "
+                        "tokenizer folder, with transformers installed), 'builtin' or 'hf:NAME'"
+                    )
+                return _checked_size(converted, spec, vocab_size)
             path = path / "tokenizer.json"
-            if not path.is_file():
-                raise ModbenchError(
-                    f"directory {spec} has no tokenizer.json; point --tokenizer at a "
-                    "tokenizer.json, a directory containing one, 'builtin' or 'hf:NAME'"
-                )
         elif not path.is_file():
             looks_like_path = "/" in spec or "\\" in spec or spec.endswith(".json")
             hint = "" if looks_like_path else suggest(spec, ["builtin", "hf:"])
@@ -167,6 +177,10 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
                 "'builtin', a path to tokenizer.json (or its directory), or 'hf:NAME'"
             )
         tokenizer = _load_tokenizer_file(path)
+    return _checked_size(tokenizer, spec, vocab_size)
+
+
+def _checked_size(tokenizer: Tokenizer, spec: str, vocab_size: int | None) -> Tokenizer:
     if vocab_size is not None:
         actual = tokenizer_vocab_size(tokenizer)
         if actual != vocab_size:
@@ -175,6 +189,24 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
                 f"requested; drop --vocab-size or pass --vocab-size {actual}"
             )
     return tokenizer
+
+
+def _is_hf_folder(path: Path) -> bool:
+    return any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.model"))
+
+
+def _from_transformers(name_or_path: str) -> Tokenizer | None:
+    """The fast (``tokenizers``) form of a Hugging Face tokenizer, converted by transformers
+    (None when transformers is missing or cannot load it)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    try:
+        backend = AutoTokenizer.from_pretrained(name_or_path, use_fast=True).backend_tokenizer
+    except Exception:
+        return None
+    return backend if isinstance(backend, Tokenizer) else None
 
 
 def tokenizer_info(tokenizer: Tokenizer) -> dict[str, object]:
