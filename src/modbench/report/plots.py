@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -70,4 +70,40 @@ def heatmap(rows: Sequence[str], cols: Sequence[str], values: list[list[float]],
                 ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=6)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8)
+    return _save(fig, path)
+
+
+Series = Mapping[str, Sequence[float | None]]
+
+
+def depth_plot(panels: Sequence[tuple[str, Series, bool]], ticks: Sequence[str], title: str,
+               path: Path) -> Path:
+    """Figures against depth (``modbench diagnose``): one panel per ``(y label, series by
+    label, log y)``, sharing an x axis of named positions (layers, sublayers, matrices); a
+    ``None`` is a gap, and a panel with no value says so."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 0.8 + 2.2 * len(panels)),
+                             sharex=True, squeeze=False)
+    xs = list(range(len(ticks)))
+    for ax, (ylabel, series, log_y) in zip(axes[:, 0], panels, strict=True):
+        finite: list[float] = []
+        for label, ys in series.items():
+            vals = [math.nan if v is None else float(v) for v in ys]
+            ok = [v for v in vals if math.isfinite(v)]
+            if ok:
+                ax.plot(xs[:len(vals)], vals, marker="o", markersize=3, linewidth=1.2,
+                        label=label)
+                finite += ok
+        if not finite:
+            ax.text(0.5, 0.5, "not available (see null_reasons in diagnostics.json)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8,
+                    color="gray")
+        elif log_y and any(v > 0 for v in finite):
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        if finite and len(series) > 1:
+            ax.legend(fontsize=7, ncol=min(len(series), 4))
+    axes[-1, 0].set_xticks(xs, list(ticks), rotation=45 if len(ticks) > 12 else 0,
+                           ha="right" if len(ticks) > 12 else "center", fontsize=7)
+    axes[0, 0].set_title(title)
     return _save(fig, path)
