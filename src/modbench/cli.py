@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -26,7 +24,9 @@ def _mount_subcommands() -> None:
     from modbench.data.cli import data_app
     from modbench.eval.cli import eval_command, export_command
     from modbench.study.cli import study_app
+    from modbench.train.cli import train_command
 
+    app.command(name="train")(train_command)
     app.add_typer(data_app, name="data")
     app.add_typer(study_app, name="study")
     app.command(name="eval")(eval_command)
@@ -34,111 +34,6 @@ def _mount_subcommands() -> None:
 
 
 _mount_subcommands()
-
-
-@app.command()
-def train(
-    preset: Annotated[str | None, typer.Option(
-        help="Model/training preset (`modbench presets`) [default: cpu-small].")] = None,
-    method: Annotated[str | None, typer.Option(
-        help="Method string: names joined by '+', options in parentheses "
-             "[default: baseline].")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="Init seed; the data order never depends on it [default: 0].")] = None,
-    seeds: Annotated[str | None, typer.Option(
-        help="Several init seeds, comma-separated (e.g. 0,1,2): trained stacked in one "
-             "process on the same batches, one run folder each (OUT/s<seed>); a method that "
-             "cannot stack trains them one at a time.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps (preset default).")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>; with --seeds the "
-             "parent of one folder per seed).")] = None,
-    recipe: Annotated[str | None, typer.Option(
-        help="Recipe (`modbench recipes`; default: the preset's).")] = None,
-    config: Annotated[Path | None, typer.Option(
-        help="YAML file with any subset of the config keys.")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        help="Write a checkpoint every K steps.")] = None,
-    resume: Annotated[bool, typer.Option(
-        help="Continue the run in --out from its last checkpoint (its config.yaml is the "
-             "starting point; other options must agree with it).")] = False,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Dotted override key=value, repeatable (e.g. recipe.lr=1e-3).")] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-) -> None:
-    """Train one model and write config.yaml, metrics.jsonl and summary.json to its folder.
-
-    With no arguments: the baseline `cpu-small` model on the built-in corpus (a few minutes
-    on 2 CPU cores).
-
-    Example: modbench train --preset tiny --method post_ln+qknorm --seed 1 --steps 50 --out runs/t
-    """
-    from modbench.config import resolve
-    from modbench.methods.build import plan
-    from modbench.train.trainer import train as run_train
-    from modbench.train.trainer import train_seeds
-
-    seed_list = _seed_list(seeds, seed)
-    overrides = list(set_ or [])
-    if checkpoint_every is not None:
-        overrides.append(f"train.checkpoint_every={checkpoint_every}")
-    first = out / f"s{seed_list[0]}" if seed_list and out is not None else out
-    if resume and config is None and first is not None and (first / "config.yaml").is_file():
-        config = first / "config.yaml"
-    cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
-                  overrides=overrides)
-    if out is None:
-        if resume:
-            raise ModbenchError("--resume needs --out, the folder of the run to continue")
-        safe = cfg.model.method.replace("+", "_").replace("(", "_").replace(")", "")
-        safe = "".join(c if c.isalnum() or c in "_-.=" else "_" for c in safe)[:80]
-        which = f"s{cfg.seed}" if not seed_list else "seeds" + "_".join(map(str, seed_list))
-        out = Path("runs") / f"{cfg.preset}-{safe}-{which}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not seed_list:
-        _print_summary(run_train(cfg, out, resume=resume, progress=progress), out)
-        return
-    p = plan(cfg.model)
-    if p.stackable:
-        summaries = train_seeds(cfg, seed_list, out, resume=resume, progress=progress)
-        typer.echo(f"stacked {len(seed_list)} seeds in one process")
-    else:
-        typer.echo(f"note: method '{p.method}' cannot stack seeds in one process "
-                   f"({p.stack_note}); training them one at a time")
-        summaries = []
-        for s in seed_list:
-            one = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=s,
-                          steps=steps, overrides=overrides)
-            summaries.append(run_train(one, out / f"s{s}", resume=resume, progress=progress))
-    for s, summary in zip(seed_list, summaries, strict=True):
-        _print_summary(summary, out / f"s{s}")
-
-
-def _seed_list(seeds: str | None, seed: int | None) -> list[int]:
-    """``--seeds 0,1,2`` as distinct ints ([] when not given)."""
-    if seeds is None:
-        return []
-    if seed is not None:
-        raise ModbenchError("give --seed or --seeds, not both")
-    try:
-        out = [int(x) for x in seeds.split(",") if x.strip()]
-    except ValueError:
-        raise ModbenchError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got "
-                            f"{seeds!r}") from None
-    if not out or len(set(out)) != len(out):
-        raise ModbenchError(f"--seeds needs distinct init seeds, e.g. 0,1,2; got {seeds!r}")
-    return out
-
-
-def _print_summary(s: dict[str, Any], out: Path) -> None:
-    typer.echo(f"run:     {out}")
-    typer.echo(f"status:  {s['status']}" + (
-        f" at step {s['diverged_at_step']}" if s["status"] == "diverged" else ""))
-    if s["final_val_loss"] is not None:
-        typer.echo(f"val:     loss {s['initial_val_loss']:.3f} -> {s['final_val_loss']:.3f} "
-                   f"(ppl {s['val_ppl']:.1f})")
-    tps = s["tokens_per_s"]
-    typer.echo(f"train:   {s['steps']} steps, {s['tokens']:,} tokens, {s['params']:,} params"
-               + (f", {tps:,.0f} tokens/s" if tps else ""))
 
 
 @app.command()
@@ -292,6 +187,44 @@ def bench(
                        rounds=rounds, steps=steps, dtype=dtype, compile=compile,
                        threads=threads, progress=progress)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+
+
+@app.command()
+def diagnose(
+    run_dir: Annotated[str, typer.Argument(help="A run folder written by `modbench train`.")],
+    batches: Annotated[int, typer.Option(
+        help="Validation batches (of the run's batch size) to analyse.")] = 8,
+    out: Annotated[str | None, typer.Option(
+        help="Output folder (default: RUN_DIR/diagnostics).")] = None,
+    threads: Annotated[int, typer.Option(
+        help="torch CPU threads (0: the run's train.threads, else torch's default; 1 is "
+             "fastest on a busy machine).")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Diagnose a trained run with hooks on its layers: residual-stream growth, angular
+    distance and loss when each layer is skipped, attention/FFN share of the update, gradient
+    norms, attention entropy and sink, outliers and kurtosis, weight spectra, and the loss
+    under 4-bit weight and 8-bit activation quantization. Writes diagnostics.json and PNG
+    figures (docs/diagnostics.md).
+
+    Example: modbench diagnose runs/t --batches 8 --out runs/t/diagnostics
+    """
+    from modbench.report.diagnostics import diagnose as run_diagnose
+
+    d = run_diagnose(run_dir, batches=batches, out=out, threads=threads, progress=progress)
+    r = d.result
+    typer.echo(f"run:        {run_dir} (step {r['step']}, {r['method']})")
+    typer.echo(f"validation: loss {r['validation_loss']:.4f} on {r['sequences']} sequences")
+    for layer in r["layers"]:
+        skip, ang = layer["skip_delta_loss"], layer["angular_distance"]
+        typer.echo(f"layer {layer['layer']:>3}:  angular distance "
+                   + ("n/a" if ang is None else f"{ang:.3f}") + ", skip Δloss "
+                   + ("n/a" if skip is None else f"{skip:+.4f}"))
+    for key in ("w4_per_channel", "w4_group", "a8_per_token"):
+        delta = r["quantization"][key]["delta"]
+        typer.echo(f"{key + ':':<16} Δloss " + ("n/a" if delta is None else f"{delta:+.4f}"))
+    typer.echo(f"wrote:      {d.json_path} and {len(d.figures)} figures "
+               f"({len(r['null_reasons'])} figures null, reasons in the JSON)")
 
 
 def run_cli(argv: list[str]) -> int:

@@ -27,6 +27,7 @@ import yaml
 from modbench.errors import ModbenchError, suggest
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+PARALLEL = ("ddp", "fsdp")  # train.parallel
 
 
 def _at_least(key: str, value: float, low: float, strict: bool = False) -> None:
@@ -163,6 +164,14 @@ class TrainConfig:
     # Initial weights for a fresh start (ignored on --resume): a run folder or a checkpoint
     # file; methods may map the weights onto new shapes (TokenFormer growth).
     init_from: str | None = None
+    # Multi-process runs (`modbench train --nproc N`, torchrun): how the model is spread over
+    # the processes. ddp: a full replica per process, gradients all-reduced; fsdp: parameters,
+    # gradients and optimizer state sharded (FSDP2, one unit per decoder block). Ignored by a
+    # single process; the numbers agree with a single process to float32 rounding either way.
+    parallel: str = "ddp"  # ddp | fsdp
+    # Recompute each decoder block's activations in the backward (torch.utils.checkpoint)
+    # instead of keeping them: less memory, about one more forward of compute, same numbers.
+    activation_checkpointing: bool = False
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -181,6 +190,9 @@ class TrainConfig:
         if self.eval_probes < 0:
             raise ModbenchError(f"train.eval_probes must be 0 (off) or a number of items, got "
                                 f"{self.eval_probes}")
+        if self.parallel not in PARALLEL:
+            raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
+                                f"{self.parallel!r}")
         mb = self.micro_batch_size
         if mb is not None and (mb <= 0 or self.batch_size % mb):
             raise ModbenchError(

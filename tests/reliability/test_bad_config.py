@@ -81,6 +81,8 @@ POOLS: dict[str, list[Any]] = {
     "train.compile": [False, "yes", 1, None],  # true is valid but compiles for minutes
     "train.threads": [0, 1, -1],
     "train.init_from": [None, "/nonexistent/run", 5, "", ["a"]],
+    "train.parallel": ["ddp", "fsdp", "zero", "", 1],
+    "train.activation_checkpointing": [False, True, "yes", None],
     "data.source": ["builtin", "/nonexistent/data", "", 3],
     "data.data_seed": [0, 1234, -1, 2**64, "x"],
     "data.verify": [True, False, "no"],

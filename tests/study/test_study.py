@@ -62,7 +62,8 @@ def test_data_order_per_seed(tmp_path: Path) -> None:
 
 def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
     """data.probe_loss passes to every run; at its default ``all`` the run key is the hash the
-    config had before the key existed, so finished runs of older stores are not retrained."""
+    config had before the key existed, so finished runs of older stores are not retrained
+    (the same for train.parallel and train.activation_checkpointing, added later)."""
     plain = expand(load_spec(write_spec(tmp_path, data={"probe_mix": 0.5})))
     masked = expand(load_spec(write_spec(tmp_path, data={"probe_mix": 0.5,
                                                          "probe_loss": "answers"})))
@@ -72,6 +73,8 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
     for r in plain:
         before = r.config.to_dict()
         del before["data"]["probe_loss"]
+        assert before["train"].pop("parallel") == "ddp"
+        assert before["train"].pop("activation_checkpointing") is False
         blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
         assert r.key == hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -15,6 +15,11 @@ methods' own callbacks, then the trainer's standard ones (probe scoring), then t
 
 ``step`` is the 0-based optimizer step (the record's ``step`` counts steps done, step + 1).
 ``run`` is the trainer, seen through :class:`TrainingRun`.
+
+In a multi-process run (torchrun, DDP or FSDP) every process calls every callback at the same
+points, on its own copy of the model (under FSDP its parameters are DTensor shards, and a
+forward gathers from every process, so a callback that runs the model must do so on every
+process); only rank 0 writes the run folder.
 """
 
 from __future__ import annotations

@@ -195,7 +195,11 @@ def _claim_expectations(tree: Any) -> dict[str, list[str]]:
     return out
 
 
-_NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {("data", "probe_loss"): "all"}
+_NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
+    ("data", "probe_loss"): "all",
+    ("train", "parallel"): "ddp",
+    ("train", "activation_checkpointing"): False,
+}
 
 
 def config_key(cfg: RunConfig) -> str:

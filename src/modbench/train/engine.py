@@ -4,8 +4,9 @@ clipping, the update) and of validation.
 
 A *member* is one seed's run. The loop (:class:`modbench.train.trainer.Trainer`) owns
 everything else, per member: the schedule, the batches (the same for every member), logging,
-checkpoints, divergence and callbacks. So a single run (one member), a K-seed ensemble and,
-later, a multi-process run (DDP/FSDP wrapping the model, all-reduced losses) are one loop over
+checkpoints, divergence and callbacks. So a single run (one member), a K-seed ensemble and a
+multi-process run (:class:`modbench.train.distributed.DistributedEngine`: DDP or FSDP2, each
+process training on its slice of the global batch, all-reduced losses) are one loop over
 different engines.
 
 :class:`LocalEngine` runs K members on one device. With one member it is a plain forward and

@@ -16,6 +16,11 @@ folder or a checkpoint file; ignored on resume): after the usual initialisation 
 loads that checkpoint's model weights, through each method's ``grow_state_dict`` hook (e.g.
 TokenFormer growth), and records the source under ``meta.init_from`` in ``config.yaml``.
 
+Several processes (torchrun, ``WORLD_SIZE > 1``; :mod:`modbench.train.distributed`) run the
+same loop over a :class:`~modbench.train.distributed.DistributedEngine` (DDP or FSDP2, per
+``train.parallel``): each process trains on its slice of the same global batch, every
+callback runs on every process, and only rank 0 writes files.
+
 The run folder's files are described in :mod:`modbench.runtime.runfolder` and docs/runs.md.
 """
 
@@ -62,8 +67,16 @@ from modbench.runtime.runfolder import (
     MetricsLog,
     code_version,
 )
+from modbench.train.distributed import (
+    DistributedEngine,
+    check_world,
+    current_world,
+    local_batch,
+    rank_device,
+)
 from modbench.train.engine import Engine, LocalEngine
 from modbench.train.optim import build_optimizer
+from modbench.train.recompute import apply_activation_checkpointing
 from modbench.train.schedule import lr_at
 
 LAST_GRAD_NORMS = 10
@@ -114,7 +127,7 @@ class Member:
         self.trainer, self.index, self.cfg, self.out = trainer, index, cfg, out
         self.callbacks = callbacks
         self.prog = Progress()
-        self.log: MetricsLog
+        self.log: MetricsLog | _NoLog
 
     @property
     def model(self) -> nn.Module:
@@ -172,14 +185,27 @@ class Trainer:
             *(cb for m in self.plan.methods for cb in m.callbacks()),
             *([ProbeScoring(tc.eval_probes)] if tc.eval_probes else []), *callbacks])
             for k, (c, o) in enumerate(zip(cfgs, outs, strict=True))]
+        # several processes (torchrun): this one's rank; what they cannot do fails here
+        self.world = current_world()
+        check_world(tc, self.world.size, len(self.members))
+        if tc.activation_checkpointing and len(self.members) > 1:
+            raise ModbenchError("train.activation_checkpointing cannot be used with stacked "
+                                "seeds (--seeds); train the seeds one at a time or set "
+                                "train.activation_checkpointing=false")
         # 2. the run folders (and the initial weights of a fresh start)
         for m in self.members:
             self._check_out_dir(m)
         self.init_checkpoint = (None if resume or tc.init_from is None
                                 else init_checkpoint(tc.init_from))
-        # 3. data (missing, corrupt, wrong vocabulary, wrong packing)
-        self.data = open_data(self.cfg, progress)
-        self.device = resolve_device(tc.device)
+        self.device = rank_device(resolve_device(tc.device), self.world)
+        self.world.init(self.device)
+        # 3. data (missing, corrupt, wrong vocabulary, wrong packing); rank 0 prepares the
+        # built-in corpus before the others open it
+        if not self.world.main:
+            self.world.barrier()
+        self.data = open_data(self.cfg, progress and self.world.main)
+        if self.world.main:
+            self.world.barrier()
         self.out, self.step = self.members[0].out, 0
 
     @property
@@ -206,9 +232,13 @@ class Trainer:
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
-        self.step = start = self._start()
-        bar = tqdm(total=tc.steps, initial=start, disable=not self.progress, unit="step",
-                   desc=self._label(), dynamic_ncols=True)
+        try:
+            self.step = start = self._start()
+        except BaseException:
+            self.world.end()
+            raise
+        bar = tqdm(total=tc.steps, initial=start, disable=not (self.progress and self.world.main),
+                   unit="step", desc=self._label(), dynamic_ncols=True)
         try:
             self._emit(self.members, "on_train_start")
             for m in self.members:
@@ -252,12 +282,14 @@ class Trainer:
                     self._checkpoint(m, tc.steps)
                 else:
                     m.prog.diverge(tc.steps)
+            summaries = [self._finish(m) for m in self.members]
         finally:
             bar.close()
             for m in self.members:
                 if hasattr(m, "log"):
                     m.log.close()
-        return [self._finish(m) for m in self.members]
+            self.world.end()
+        return summaries
 
     # ------------------------------------------------------------------ the loop's parts
 
@@ -312,9 +344,13 @@ class Trainer:
 
     def _checkpoint(self, m: Member, step: int) -> None:
         """Save a member's state. Stacked members keep their previous checkpoint too: a kill
-        between two members' writes leaves them a step they all have."""
+        between two members' writes leaves them a step they all have. Several processes:
+        every one gathers the state, rank 0 writes it."""
+        state = self.engine.state_dict(m.index)
+        if not self.world.main:
+            return
         save_checkpoint(m.out / CHECKPOINT, {
-            **self.engine.state_dict(m.index), "step": step, "train_time": m.prog.train_time,
+            **state, "step": step, "train_time": m.prog.train_time,
             "metrics_offset": m.log.tell(), "initial_val_loss": m.prog.initial_val,
             "last_val_loss": m.prog.last_val, "grad_norms": [list(g) for g in m.prog.grad_norms],
             "config": m.cfg.to_dict(), "batches_sha256": m.prog.batches_sha256,
@@ -326,18 +362,22 @@ class Trainer:
         resume: its progress, and its log cut back to the checkpoint) or write its
         ``config.yaml``. Returns the step the loop starts at. Fresh run folders whose set-up
         fails are removed."""
-        cfg, tc = self.cfg, self.cfg.train
-        created = [m.out for m in self.members if not m.out.exists()]
+        tc = self.cfg.train
+        ckpts = _resume_points(self.members) if self.resume else {}
+        self.world.barrier()  # every process has read the folders before rank 0 writes
+        created = [m.out for m in self.members if not m.out.exists()] if self.world.main else []
         try:
             models = [self.plan.build(m.cfg.seed, self.device) for m in self.members]
-            self.engine: Engine = LocalEngine(
-                models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
-                autocast_for(cfg.recipe.precision, self.device),
-                n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
-                compile=tc.compile)
-            ckpts = _resume_points(self.members) if self.resume else {}
-            offsets = [self._resume(m, ckpts[m.index]) if m.index in ckpts else self._fresh(m)
-                       for m in self.members]
+            init_from = {m.index: load_initial_weights(models[m.index], self.plan.methods,
+                                                       m.cfg.model, self.init_checkpoint)
+                         for m in self.members
+                         if m.index not in ckpts and self.init_checkpoint is not None}
+            if tc.activation_checkpointing:
+                for model in models:
+                    apply_activation_checkpointing(model, self.plan.method)
+            self.engine: Engine = self._engine(models)
+            offsets = [self._resume(m, ckpts[m.index]) if m.index in ckpts
+                       else self._fresh(m, init_from.get(m.index)) for m in self.members]
             starts = {m.prog.step for m in self.members}
             if len(starts) > 1:  # some members resumed, others start afresh
                 raise ModbenchError(f"cannot resume these seeds together: they stand at steps "
@@ -347,8 +387,23 @@ class Trainer:
                 shutil.rmtree(out, ignore_errors=True)
             raise
         for m, offset in zip(self.members, offsets, strict=True):
-            m.log = MetricsLog(m.out / METRICS, truncate_at=offset)
+            m.log = (MetricsLog(m.out / METRICS, truncate_at=offset) if self.world.main
+                     else _NoLog())
         return starts.pop()
+
+    def _engine(self, models: list[nn.Module]) -> Engine:
+        """The engine: the members on this device, or one member across the processes."""
+        cfg, tc = self.cfg, self.cfg.train
+        autocast = autocast_for(cfg.recipe.precision, self.device)
+        if self.world.size > 1:
+            return DistributedEngine(
+                models[0], lambda model: build_optimizer(model, cfg.recipe), self.device,
+                autocast, self.world, parallel=tc.parallel,
+                n_micro=local_batch(tc, self.world.size)[1], compile=tc.compile)
+        return LocalEngine(
+            models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
+            autocast, n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
+            compile=tc.compile)
 
     def _resume(self, m: Member, path: Path) -> int:
         state = load_checkpoint(path)
@@ -363,15 +418,17 @@ class Trainer:
         m.prog.grad_norms.extend((int(s), g) for s, g in state.get("grad_norms", ()))
         return int(state["metrics_offset"])
 
-    def _fresh(self, m: Member) -> int | None:
-        """Write a fresh member's ``config.yaml``; a folder a killed run left before its first
-        checkpoint (``--resume`` on it) starts again, its log emptied."""
+    def _fresh(self, m: Member, init_from: dict[str, Any] | None) -> int | None:
+        """Write a fresh member's ``config.yaml`` (``init_from``: where its initial weights
+        came from); a folder a killed run left before its first checkpoint (``--resume`` on
+        it) starts again, its log emptied. Only rank 0 writes."""
+        if not self.world.main:
+            return None
         meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
                                 "params": self.plan.count_params(),
                                 "data": {"fingerprint": self.data.fingerprint()}}
-        if self.init_checkpoint is not None:
-            meta["init_from"] = load_initial_weights(m.model, self.plan.methods, m.cfg.model,
-                                                     self.init_checkpoint)
+        if init_from is not None:
+            meta["init_from"] = init_from
         m.out.mkdir(parents=True, exist_ok=True)
         for stale in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
             stale.unlink(missing_ok=True)  # a stacked member restarted with the others
@@ -408,9 +465,12 @@ class Trainer:
             "batches_sha256": prog.batches_sha256,
             **({"stacked_seeds": [x.cfg.seed for x in self.members]}
                if len(self.members) > 1 else {}),
+            **({"processes": self.world.size, "parallel": tc.parallel}
+               if self.world.size > 1 else {}),
         }
         self._emit([m], "on_train_end", summary)
-        atomic_write_text(m.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        if self.world.main:
+            atomic_write_text(m.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
         return summary
 
     # ------------------------------------------------------------------ set-up checks
@@ -433,7 +493,8 @@ class Trainer:
                                     "--resume")
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
-            diff = sorted(_diff_keys(stored, m.cfg.to_dict()))
+            # keys added to the config since the run started hold their defaults there
+            diff = sorted(_diff_keys(_with_defaults(stored), m.cfg.to_dict()))
             if diff:
                 raise ModbenchError(
                     f"cannot resume {m.out}: the config differs from its config.yaml in "
@@ -444,6 +505,29 @@ class Trainer:
                 f"run folder {m.out} already exists and is not empty; use --resume to "
                 "continue it or choose another --out"
             )
+
+
+class _NoLog:
+    """The metrics log of a process other than rank 0: it writes nothing."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def tell(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def _with_defaults(stored: Any) -> Any:
+    """A stored config tree with the keys it lacks (added since it was written) at their
+    defaults; a tree that is not a valid config is returned as it is (the comparison then
+    names what differs)."""
+    try:
+        return from_dict(stored).to_dict() if isinstance(stored, dict) else stored
+    except ModbenchError:
+        return stored
 
 
 def _resume_points(members: list[Member]) -> dict[int, Path]:

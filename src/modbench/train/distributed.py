@@ -1,0 +1,583 @@
+"""Multi-process training on one node: torchrun, DDP or FSDP2, one trainer loop.
+
+Launch ``modbench train --nproc N ...``, :func:`launch` (the Python API), or torchrun
+directly (``torchrun --nproc_per_node N -m modbench.train ...``). Every process runs the
+same :class:`~modbench.train.trainer.Trainer` loop; when ``WORLD_SIZE > 1`` the trainer
+initialises the process group (gloo on the CPU, nccl on CUDA with each process on its
+``LOCAL_RANK`` device) and trains through a :class:`DistributedEngine`:
+
+- ``train.parallel=ddp`` (default): ``DistributedDataParallel``; every process holds the
+  whole model and optimizer, gradients are averaged by DDP's all-reduce.
+- ``train.parallel=fsdp``: FSDP2 (``fully_shard``), one unit per attention core and per FFN
+  core and the root (embedding, norms, merges, stream, head); parameters, gradients and
+  optimizer state are sharded (DTensors), each unit gathered for its forward and backward.
+
+Both keep the single-process recipe: the forward runs under the run's autocast
+(``recipe.precision``; bf16 on CUDA by default) with fp32 parameters, gradients are reduced
+in fp32, and ``train.activation_checkpointing`` recomputes each block
+(:mod:`modbench.train.recompute`).
+
+**Iso-data.** ``train.batch_size`` is the global batch. Every process reads the batch the
+single-process run reads at that step and trains on its contiguous slice (rank ``r`` of
+``W`` takes rows ``[r B/W, (r+1) B/W)``), so the data order and the batch hash
+(``batches_sha256``) equal the single-process run's. The reported loss is the global mean
+(an all-reduce of the per-process losses), the gradient is the global batch's (DDP and FSDP
+average over processes), clipping acts on the global gradient norm (DDP's gradients are
+already the global ones; FSDP's norm is computed over the shards), and validation splits the
+fixed validation batches over the processes and all-reduces the sums: the single-process
+value. What differs is the order of float32 sums (a loss is a mean of per-process means, a
+gradient an average of per-process gradients), so losses agree with the single process to
+float32 rounding, not bit for bit.
+
+**Files.** Only rank 0 writes the run folder (config.yaml, metrics.jsonl, summary.json,
+checkpoints) and prepares the built-in data; the others write nothing. A checkpoint is
+gathered with torch.distributed.checkpoint's state-dict helpers (full state dict, on the
+CPU) and saved in the single-process format (optimizer state keyed by parameter index), so
+a run resumes with any number of processes, one included, and a single-process checkpoint
+resumes under DDP or FSDP.
+
+**What is synchronised for methods.** Every process runs the same callbacks at the same
+points on its own copy of the model: nGPT's renormalisation after each step acts on
+identical weights (DDP) or on each process's shards (FSDP: norms across shards are DTensor
+reductions), so the weights stay identical. Buffers a forward updates (PowerNorm's and
+PRepBN's running statistics) follow DDP's rule under both engines: rank 0's buffers are
+broadcast to every process before each training forward (DDP ``broadcast_buffers``; the FSDP
+engine broadcasts them itself), and again before validation and at the end, so every
+process validates with, and the checkpoint holds, rank 0's statistics. The batch statistics
+inside a forward are each process's own slice's (as BatchNorm without SyncBatchNorm), so
+these methods do not reproduce the single-process numbers; the others do, to rounding.
+Stacked seeds (``--seeds``) are not supported with several processes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import inspect
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from modbench.config import RunConfig, TrainConfig, dump_yaml, resolve
+from modbench.errors import ModbenchError
+from modbench.runtime.loss import lm_loss
+from modbench.runtime.runfolder import SUMMARY
+from modbench.train.recompute import stateful_buffers
+
+# ------------------------------------------------------------------------------ the group
+
+
+@dataclass
+class World:
+    """This process's place in the group: ``rank`` of ``size``, on local device
+    ``local_rank``. ``owned``: this process's trainer initialised the group (and ends it)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    owned: bool = False
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the process that writes files."""
+        return self.rank == 0
+
+    def init(self, device: torch.device) -> None:
+        """Initialise the default process group (env://, as torchrun sets it up) unless one
+        exists: gloo on the CPU, nccl on CUDA."""
+        if self.size == 1 or dist.is_initialized():
+            return
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+        self.owned = True
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+    def end(self) -> None:
+        """End the group if this process's trainer began it."""
+        if self.owned and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owned = False
+
+
+def current_world() -> World:
+    """The running group (an initialised default group, else torchrun's ``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``); one process when there is none."""
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        return World(rank, _env_int("LOCAL_RANK", rank), dist.get_world_size())
+    size = _env_int("WORLD_SIZE", 1)
+    if size > 1 and not dist.is_available():
+        raise ModbenchError(f"WORLD_SIZE={size} but this torch build has no torch.distributed; "
+                            "train with one process")
+    rank = _env_int("RANK", 0)
+    return World(rank, _env_int("LOCAL_RANK", rank), max(size, 1))
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ModbenchError(f"environment variable {name}={raw!r} is not an integer; launch "
+                            "with torchrun or `modbench train --nproc N`") from None
+
+
+def rank_device(device: torch.device, world: World) -> torch.device:
+    """The device of this process: ``cuda:LOCAL_RANK`` for a CUDA run, else ``device``."""
+    if device.type != "cuda" or world.size == 1:
+        return device
+    n = torch.cuda.device_count()
+    if world.local_rank >= n:
+        raise ModbenchError(f"process LOCAL_RANK={world.local_rank} has no CUDA device ({n} "
+                            "visible); use at most one process per GPU")
+    torch.cuda.set_device(world.local_rank)
+    return torch.device("cuda", world.local_rank)
+
+
+def local_batch(tc: TrainConfig, world: int) -> tuple[int, int]:
+    """Sequences each of ``world`` processes trains on per step, and in how many
+    micro-batches (``train.micro_batch_size`` bounds a process's micro-batch)."""
+    if world < 1:
+        raise ModbenchError(f"the number of processes must be at least 1, got {world}")
+    if tc.batch_size % world:
+        raise ModbenchError(
+            f"train.batch_size={tc.batch_size} does not split evenly over {world} processes; "
+            f"use a batch size divisible by {world} or another number of processes"
+        )
+    local, mb = tc.batch_size // world, tc.micro_batch_size
+    if mb is None or mb >= local:
+        return local, 1
+    if local % mb:
+        raise ModbenchError(
+            f"train.micro_batch_size={mb} does not divide the {local} sequences each of "
+            f"{world} processes trains on (train.batch_size={tc.batch_size}); choose a "
+            f"micro-batch size that divides {local}"
+        )
+    return local, local // mb
+
+
+def check_world(tc: TrainConfig, world: int, members: int = 1) -> None:
+    """Refuse what a run of ``world`` processes cannot do (one line each)."""
+    if world > 1 and members > 1:
+        raise ModbenchError(f"stacked seeds (--seeds) cannot train across {world} processes; "
+                            "train the seeds one at a time with --seed, or drop --nproc")
+    local_batch(tc, world)
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class DistributedEngine:
+    """One member's model and optimizer in a group of processes (the trainer's
+    :class:`~modbench.train.engine.Engine`). See the module docstring for what it keeps
+    equal to a single process and what it synchronises.
+
+    ``make_optimizer`` is called on the model after it is wrapped (FSDP's parameters are
+    the sharded ones)."""
+
+    def __init__(self, model: nn.Module,
+                 make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+                 device: torch.device, autocast: Callable[[], AbstractContextManager[Any]],
+                 world: World, *, parallel: str = "ddp", n_micro: int = 1,
+                 compile: bool = False) -> None:
+        if world.size < 2 or not dist.is_initialized():
+            raise ValueError("DistributedEngine needs an initialised group of 2+ processes")
+        self.device, self.autocast, self.world = device, autocast, world
+        self.parallel, self.n_micro = parallel, n_micro
+        self.checked = False  # the first backward's gradients were checked
+        names = set(stateful_buffers(model))
+        self.buffers = [b for n, b in model.named_buffers() if n in names]
+        # FSDP2 shards no 0-dim parameter (DyT's alpha, a learnt scalar gate): those stay
+        # whole on every process, their gradients averaged here (an all-reduce of scalars)
+        self.replicated: list[nn.Parameter] = []
+        wrapped: nn.Module
+        if parallel == "fsdp":
+            self.replicated = [p for p in model.parameters() if p.ndim == 0]
+            wrapped = _fully_shard(model, device, world.size, set(self.replicated))
+        elif parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # rank 0's buffers to every process before each forward (newer torch names the
+            # option forward_sync_buffers)
+            sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+                DistributedDataParallel.__init__).parameters else "broadcast_buffers")
+            wrapped = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None,
+                **{sync: bool(self.buffers)})
+        else:
+            raise ModbenchError(f"train.parallel must be ddp or fsdp, got {parallel!r}")
+        self.wrapped = wrapped
+        self.models: list[nn.Module] = [model]  # FSDP: the model itself, sharded in place
+        self.optimizers: list[torch.optim.Optimizer] = [make_optimizer(model)]
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = (
+            torch.compile(wrapped) if compile else wrapped)  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ the step
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizers[0].param_groups:
+            group["lr"] = lr
+
+    def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
+                 members: Sequence[int]) -> list[float]:
+        """Accumulate this process's share of the gradient of the global batch's mean loss
+        (DDP/FSDP average over processes) and return that global mean loss."""
+        w, r = self.world.size, self.world.rank
+        rows = batch.shape[0] // w
+        local = batch[r * rows:(r + 1) * rows].to(self.device)
+        micros = local.chunk(self.n_micro)
+        # with a loss mask every prediction shares the global denominator; times W because
+        # the gradient reduction averages over the processes
+        count = int(mask.sum()) if mask is not None else 0
+        masks = (mask[r * rows:(r + 1) * rows].to(self.device).chunk(self.n_micro)
+                 if mask is not None else (None,) * len(micros))
+        total = 0.0
+        for i, (micro, m) in enumerate(zip(micros, masks, strict=True)):
+            with self._reduce_gradients(i == len(micros) - 1):
+                if self.parallel == "fsdp":
+                    self.sync_buffers()
+                with self.autocast():
+                    logits = self.forward(micro)
+                    loss = (lm_loss(logits, micro) / self.n_micro if m is None
+                            else lm_loss(logits, micro, m, count) * w)
+                loss.backward()
+            total += loss.item()
+        self._average_replicated()
+        if not self.checked:
+            self._check_gradients()
+        return [self._sum([total])[0] / w]
+
+    def _check_gradients(self) -> None:
+        """After the first backward: every trained parameter has its (reduced) gradient. A
+        parameter whose gradient FSDP never reduced would silently stay untrained."""
+        missing = [n for n, p in self.models[0].named_parameters()
+                   if p.requires_grad and p.grad is None]
+        if missing:
+            raise ModbenchError(
+                f"train.parallel={self.parallel} left parameter '{missing[0]}' without a "
+                f"gradient ({len(missing)} in all) with this method; train it with "
+                "train.parallel=ddp or with one process"
+            )
+        self.checked = True
+
+    def _average_replicated(self) -> None:
+        """FSDP: average the gradients of the parameters it does not shard (scalars)."""
+        have = [p for p in self.replicated if p.grad is not None]
+        if not have:
+            return
+        grads = torch.stack([p.grad.detach() for p in have])  # type: ignore[union-attr]
+        dist.all_reduce(grads)
+        grads /= self.world.size
+        for p, g in zip(have, grads, strict=True):
+            p.grad.copy_(g)  # type: ignore[union-attr]
+
+    def _reduce_gradients(self, last: bool) -> AbstractContextManager[Any]:
+        """Reduce gradients only on the last micro-batch of a step."""
+        if self.parallel == "fsdp":
+            self.models[0].set_requires_gradient_sync(last)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else self.wrapped.no_sync()  # type: ignore
+
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]:
+        """The global gradient norm before clipping (``max_norm <= 0``: none). DDP's
+        gradients are the averaged ones on every process; FSDP's norm is reduced over the
+        shards (DTensor) before the clip coefficient is applied."""
+        clip = max_norm if max_norm > 0 else float("inf")
+        if not self.replicated:
+            return [float(_whole(torch.nn.utils.clip_grad_norm_(
+                self.models[0].parameters(), clip)))]
+        # FSDP with unsharded scalars: the norm of both parts, then torch's clip coefficient
+        ids = {id(p) for p in self.replicated}
+        sharded = [p for p in self.models[0].parameters()
+                   if id(p) not in ids and p.grad is not None]
+        whole = [p.grad.detach().float() for p in self.replicated if p.grad is not None]
+        norm = _whole(torch.nn.utils.clip_grad_norm_(sharded, float("inf"))).float()
+        if whole:
+            norm = torch.linalg.vector_norm(torch.stack([norm.to(self.device), *whole]))
+        coef = float(torch.clamp(clip / (norm + 1e-6), max=1.0))
+        if coef != 1.0:
+            for p in [*sharded, *self.replicated]:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return [float(norm)]
+
+    def update(self, members: Sequence[int]) -> None:
+        if 0 in members:
+            self.optimizers[0].step()
+        self.discard()
+
+    def discard(self) -> None:
+        self.optimizers[0].zero_grad(set_to_none=True)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def sync_buffers(self) -> None:
+        """Give every process rank 0's buffers (running statistics); none for most
+        methods."""
+        for b in self.buffers:
+            dist.broadcast(b, src=0)
+
+    def _sum(self, values: Sequence[float]) -> list[float]:
+        """``values`` summed over the processes (float64)."""
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    # ------------------------------------------------------------ validation
+
+    @torch.no_grad()
+    def validation_loss(self, member: int, data: Any, n_sequences: int,
+                        batch_size: int) -> float:
+        """The single-process validation loss: the fixed validation batches are dealt out
+        to the processes in turn and the sums all-reduced. With FSDP every process runs as
+        many forwards as the busiest one (a surplus forward is discarded), since each
+        forward gathers parameters from all of them."""
+        self.sync_buffers()
+        model = self.models[0]
+        was_training = model.training
+        model.eval()
+        batches = list(data.val_batches(n_sequences, batch_size))
+        w, r = self.world.size, self.world.rank
+        slots = math.ceil(len(batches) / w) * w if self.parallel == "fsdp" else len(batches)
+        total, rows = 0.0, 0
+        for i in range(r, slots, w):
+            batch = batches[min(i, len(batches) - 1)].to(self.device)
+            with self.autocast():
+                loss = lm_loss(model(batch), batch)
+            if i < len(batches):
+                total += loss.item() * batch.shape[0]
+                rows += batch.shape[0]
+        model.train(was_training)
+        total, n = self._sum([total, rows])
+        return total / max(n, 1)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self, member: int) -> dict[str, Any]:
+        """The full model and optimizer state on rank 0's CPU, in the single-process format
+        (empty on the other ranks). Every process must call it (it gathers)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        self.sync_buffers()
+        model, opt = self.models[0], self.optimizers[0]
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(model, options=options)
+        # an optimizer that has not stepped has no state; the helper would make some
+        optim = get_optimizer_state_dict(model, opt, options=options) if opt.state else None
+        if not self.world.main:
+            return {}
+        names = _param_names(model, opt)
+        indexed = opt.state_dict()  # the param groups by index; the state gathered below
+        state = {} if optim is None else {
+            i: optim["state"][name] for i, name in enumerate(names) if name in optim["state"]}
+        return {"model": weights,
+                "optimizer": {"state": state, "param_groups": indexed["param_groups"]}}
+
+    def load_state_dict(self, member: int, state: dict[str, Any]) -> None:
+        """Load a single-process-format checkpoint (every process has read the file)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        model, opt = self.models[0], self.optimizers[0]
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, state["model"], options=options)
+        names = _param_names(model, opt)
+        saved = state["optimizer"]
+        if len(names) != sum(len(g["params"]) for g in saved["param_groups"]):
+            raise ModbenchError("the checkpoint's optimizer state does not match this model's "
+                                "parameters; resume with the code and method that wrote it")
+        by_name = {
+            "state": {names[int(i)]: v for i, v in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                             for g in saved["param_groups"]],
+        }
+        if by_name["state"]:
+            set_optimizer_state_dict(model, opt, by_name, options=options)
+            # the hyperparameters exactly as saved (the helper turns tuples such as betas
+            # into lists), so later checkpoints keep the single-process format
+            for group, hyper in zip(opt.param_groups, saved["param_groups"], strict=True):
+                group.update({k: v for k, v in hyper.items() if k != "params"})
+        else:
+            opt.load_state_dict(saved)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a plain tensor as it is)."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The parameter name of each optimizer index (the order of ``opt.state_dict()``)."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
+
+
+def _fully_shard(model: nn.Module, device: torch.device, size: int,
+                 ignored: set[nn.Parameter]) -> nn.Module:
+    """FSDP2: one unit per attention core and per FFN core (the projections: nearly all of
+    a block's weights), then the root (embedding, norms, merges, stream, head).
+
+    Not one unit per block: a block returns nothing (it writes the residual stream's state
+    in place), and FSDP2 hooks a unit's backward onto its output and input tensors, which
+    a core has: ``out = core(x, ctx)``. ``ignored``: parameters left unsharded."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.5
+        from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (size,))
+    extra: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
+    try:
+        for block in getattr(model, "blocks", ()):
+            for sub in ("attn", "ffn"):
+                core = getattr(getattr(block, sub, None), "core", None)
+                if isinstance(core, nn.Module) and any(
+                        p not in ignored for p in core.parameters()):
+                    fully_shard(core, mesh=mesh, **extra)
+        fully_shard(model, mesh=mesh, **extra)
+    except TypeError as e:  # a torch whose fully_shard takes no ignored_params
+        raise ModbenchError(f"this torch's FSDP cannot leave the model's scalar parameters "
+                            f"unsharded ({e}); use train.parallel=ddp") from None
+    return model
+
+
+# ------------------------------------------------------------------------------ launching
+
+
+def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = False,
+           progress: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` into ``out_dir`` as a torchrun group of ``nproc`` processes on this
+    node (``python -m torch.distributed.run --standalone -m modbench.train``), wait, and
+    return the run's summary (its ``summary.json``). ``resume`` continues the run in
+    ``out_dir`` from its checkpoint, whatever number of processes wrote it.
+
+    ``progress``: pass the processes' progress bar and messages through to stderr. A
+    failure raises :class:`ModbenchError` with one line: the processes' own error where
+    one was reported."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ModbenchError(f"the number of processes must be a positive integer, got "
+                            f"{nproc!r}")
+    cfg.validate()
+    local_batch(cfg.train, nproc)
+    out = Path(out_dir).absolute()
+    env = dict(os.environ)
+    threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // nproc)
+    env.setdefault("OMP_NUM_THREADS", str(threads))  # (torchrun would set 1, and say so)
+    with tempfile.TemporaryDirectory(prefix="modbench-launch-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(dump_yaml(cfg))
+        differ = sorted(_differing(resolve(yaml_file=config).to_dict(), cfg.to_dict()))
+        if differ:  # the processes would train another config
+            raise ModbenchError(f"this config does not survive its YAML form (keys "
+                                f"{', '.join(differ)} change); build it with "
+                                "modbench.config.resolve")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", "-m", "modbench.train", "--config", str(config),
+               "--out", str(out), "--resume" if resume else "--no-resume",
+               "--progress" if progress else "--no-progress"]
+        rc, tail = _run(cmd, env, progress)
+    if rc != 0:
+        raise ModbenchError(_failure(tail, nproc, out, rc))
+    try:
+        summary: dict[str, Any] = json.loads((out / SUMMARY).read_text())
+    except (OSError, ValueError) as e:
+        raise ModbenchError(f"training with {nproc} processes ended without a readable "
+                            f"{out / SUMMARY} ({e.__class__.__name__}); run it again with "
+                            "resume=True") from None
+    return summary
+
+
+def _differing(a: Any, b: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            yield from _differing(a.get(k), b.get(k), f"{prefix}{k}.")
+    elif a != b:
+        yield prefix.rstrip(".")
+
+
+def _run(cmd: list[str], env: dict[str, str], echo: bool) -> tuple[int, str]:
+    """Run ``cmd``; its stderr is passed through when ``echo`` and its last 64 KiB kept."""
+    tail: collections.deque[bytes] = collections.deque()
+    kept = 0
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    try:
+        for chunk in _chunks(proc.stderr):
+            if echo:
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
+            tail.append(chunk)
+            kept += len(chunk)
+            while kept > 65536 and len(tail) > 1:
+                kept -= len(tail.popleft())
+        return proc.wait(), b"".join(tail).decode(errors="replace")
+    finally:
+        if proc.poll() is None:  # interrupted: end the group (torchrun stops its workers)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _chunks(stream: Any) -> Iterator[bytes]:
+    while chunk := stream.read1(4096):
+        yield chunk
+
+
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt)): (.+)$")
+
+
+def _failure(stderr: str, nproc: int, out: Path, rc: int) -> str:
+    """One line for a failed group: a process's ``error:`` line, else the first exception
+    a process raised, else torchrun's exit code."""
+    lines = [re.sub(r"^\[\w+\]:\s*", "", ln.strip())
+             for ln in stderr.replace("\r", "\n").splitlines()]
+    for ln in lines:
+        if ln.startswith("error: "):
+            return ln.removeprefix("error: ")
+    for ln in lines:
+        m = _EXCEPTION.match(ln)
+        if m and m.group(1) != "ChildFailedError":
+            return (f"training with {nproc} processes failed: {m.group(1)}: {m.group(2)}; "
+                    f"the run in {out} can be continued with resume=True (--resume)")
+    return (f"training with {nproc} processes failed (torchrun exit code {rc}, a process "
+            f"was killed or crashed); the run in {out} can be continued with resume=True "
+            "(--resume)")
+
+
+__all__ = ["DistributedEngine", "World", "check_world", "current_world", "launch",
+           "local_batch", "rank_device"]
