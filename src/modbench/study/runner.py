@@ -2,9 +2,11 @@
 
 Executors take a list of :class:`Job` and yield results as jobs finish. ``local`` runs them
 in this process (``workers=1``) or in a pool of worker processes, each claiming runs in the
-store's index so no run is trained twice. Cluster executors (Ray, SLURM via submitit) only
-need to ship :func:`execute_job` and a :class:`Job` to a worker and return its result: the
-store's atomic claims make them safe to run side by side.
+store's index so no run is trained twice. The cluster executors, ``ray``
+(:mod:`modbench.study.ray_executor`) and ``slurm`` (:mod:`modbench.study.slurm_executor`,
+through submitit), ship :func:`execute_job` and a :class:`Job` to a worker and return its
+result: the store's atomic claims make them safe to run side by side, and a job's *lease*
+lets a retried or requeued attempt take over the claims its dead predecessor left.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from tqdm.auto import tqdm
 from modbench.config import from_dict
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
+from modbench.study.cluster import (
+    EXECUTOR_NAMES,
+    ExecutorOptions,
+    check_options,
+    nproc_for,
+    require,
+)
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store
 
@@ -43,6 +52,12 @@ class Job:
     configs: tuple[dict[str, Any], ...]
     evaluation: dict[str, Any]
     threads: int = 0
+    # processes per run: > 1 trains each run as one torchrun group on that many GPUs of one
+    # node (modbench.train.distributed.launch); such jobs hold one run each
+    nproc: int = 1
+    # the token every attempt of this job claims its runs under (cluster executors: a Ray
+    # retry or a SLURM requeue takes over what the dead attempt held); None: local claims
+    lease: str | None = None
 
 
 @dataclass
@@ -76,7 +91,7 @@ def execute_job(job: Job) -> list[JobResult]:
     store = Store(job.root)
     results, todo = [], []
     for key, label, config in zip(job.keys, job.labels, job.configs, strict=True):
-        if store.claim(key):
+        if store.claim(key, lease=job.lease):
             todo.append(_Member(key, label, config, store.run_dir(key)))
         else:
             results.append(JobResult(key, label, "busy"))
@@ -109,11 +124,16 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
     from modbench.runtime.runfolder import CHECKPOINT
     from modbench.train.trainer import train, train_seeds
 
+    if job.nproc > 1 and len(group) > 1:  # a torchrun group trains one run
+        return [r for m in group for r in _train_group(store, job, [m])]
     resume = (group[0].run / CHECKPOINT).is_file()
     try:
         if len(group) == 1:
             m = group[0]
-            summaries = [train(from_dict(m.config), m.run, resume=resume, progress=False)]
+            if job.nproc > 1:
+                summaries = [_launch(from_dict(m.config), m.run, job.nproc, resume)]
+            else:
+                summaries = [train(from_dict(m.config), m.run, resume=resume, progress=False)]
         else:
             cfg = from_dict(group[0].config)
             seeds = [int(m.config["seed"]) for m in group]
@@ -131,6 +151,37 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
         return [JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
                 for m in group]
     return [_finish(store, job, m, s, "trained") for m, s in zip(group, summaries, strict=True)]
+
+
+def _launch(cfg: Any, run: Path, nproc: int, resume: bool) -> dict[str, Any]:
+    """One run as a torchrun group of ``nproc`` processes on this node's GPUs."""
+    try:
+        from modbench.train.distributed import launch
+    except ImportError as e:
+        raise ModbenchError(f"a run on {nproc} GPUs needs modbench.train.distributed, which "
+                            "this installation of modbench lacks; update it, or train with "
+                            "--gpus-per-run 1") from e
+    summary: dict[str, Any] = launch(cfg, run, nproc, resume=resume, progress=False)
+    return summary
+
+
+def lost_job_results(job: Job, reason: str) -> list[JobResult]:
+    """The results of a job that is gone for good (its Ray task out of retries, its SLURM job
+    failed or cancelled): runs it finished count as trained, runs still pending or held under
+    its lease are recorded as failed with ``reason`` (the next ``study run`` retries them),
+    runs another worker holds are left to it."""
+    store = Store(job.root)
+    out: list[JobResult] = []
+    for key, label in zip(job.keys, job.labels, strict=True):
+        if store.fail_lost(key, job.lease, reason):
+            out.append(JobResult(key, label, "failed", error=reason))
+            continue
+        row = next((r for r in store.rows() if r["key"] == key), None)
+        if row is not None and row["state"] == "done":
+            out.append(JobResult(key, label, "trained", row["status"]))
+        else:
+            out.append(JobResult(key, label, "busy"))
+    return out
 
 
 def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
@@ -158,7 +209,15 @@ def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
 
 
 class Executor(Protocol):
+    """Runs jobs and yields each job's results as it finishes."""
+
+    #: GPUs each job gets (None: whatever this machine has, the local executor)
+    gpus_per_job: int | None
+
     def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]: ...
+
+    def close(self) -> None:
+        """Release what the executor started (a local Ray instance); called once, at the end."""
 
 
 def auto_workers() -> int:
@@ -187,11 +246,17 @@ class LocalExecutor:
     reported, and the rest of its job goes to a fresh worker (at most
     :data:`WORKER_DEATHS` times), while the other workers carry on."""
 
-    def __init__(self, workers: int | None = None) -> None:
-        workers = auto_workers() if workers is None else workers
+    def __init__(self, workers: int | None = None, gpus_per_run: int | None = None) -> None:
+        workers = (1 if (gpus_per_run or 0) > 1 else auto_workers()) if workers is None \
+            else workers
         if workers < 1:
             raise ModbenchError(f"--workers must be at least 1, got {workers}")
         self.workers = workers
+        # only a torchrun group (> 1 GPU per run) changes what a local job does
+        self.gpus_per_job = gpus_per_run if (gpus_per_run or 0) > 1 else None
+
+    def close(self) -> None:
+        pass
 
     def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
         workers = min(self.workers, len(jobs))
@@ -305,26 +370,44 @@ class _Worker:
         return lost
 
 
-EXECUTORS = {"local": LocalExecutor}
+EXECUTORS = EXECUTOR_NAMES
 
 
-def make_executor(name: str, workers: int | None) -> Executor:
-    if name not in EXECUTORS:
-        raise ModbenchError(f"unknown executor '{name}'; available: {', '.join(EXECUTORS)} "
-                            "(Ray and SLURM executors are planned)")
-    return EXECUTORS[name](workers)
+def make_executor(name: str, workers: int | None, options: ExecutorOptions | None = None,
+                  *, verbose: bool = False) -> Executor:
+    """The executor ``name`` (``local``, ``ray`` or ``slurm``) with ``options`` checked; the
+    cluster executors import ray or submitit only here."""
+    opts = options or ExecutorOptions()
+    check_options(name, opts, workers)
+    if name == "ray":
+        require("ray", "ray")
+        from modbench.study.ray_executor import RayExecutor
+
+        return RayExecutor(opts, verbose=verbose)
+    if name == "slurm":
+        require("submitit", "slurm")
+        from modbench.study.slurm_executor import SlurmExecutor
+
+        return SlurmExecutor(opts, verbose=verbose)
+    return LocalExecutor(workers, opts.gpus_per_run)
 
 
 ENSEMBLES = ("auto", "on", "off")
 
 
-def use_ensembles(choice: str) -> bool:
-    """``--ensembles``: ``on``, ``off``, or ``auto`` = on with CUDA only. On the CPU stacking
-    seeds measured no faster than training them one by one (BENCHMARKS.md), while worker
-    processes do fill the cores; on a GPU one small model leaves the device mostly idle."""
+def use_ensembles(choice: str, gpus_per_job: int | None = None) -> bool:
+    """``--ensembles``: ``on``, ``off``, or ``auto`` = on with a GPU only: CUDA on this machine
+    (the local executor, ``gpus_per_job`` None), or one GPU per job on a cluster. On the CPU
+    stacking seeds measured no faster than training them one by one (BENCHMARKS.md), while
+    worker processes do fill the cores; on a GPU one small model leaves the device mostly
+    idle. Runs on several GPUs each (torchrun groups) never stack."""
     if choice not in ENSEMBLES:
         raise ModbenchError(f"--ensembles must be one of {', '.join(ENSEMBLES)}, got {choice!r}")
+    if gpus_per_job is not None and gpus_per_job > 1:
+        return False
     if choice == "auto":
+        if gpus_per_job is not None:
+            return gpus_per_job == 1
         import torch
 
         return torch.cuda.is_available()
@@ -333,9 +416,12 @@ def use_ensembles(choice: str) -> bool:
 
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
-              ensembles: str = "auto", progress: bool = True) -> dict[str, Any]:
+              ensembles: str = "auto", progress: bool = True,
+              options: ExecutorOptions | None = None) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
+    ``executor``: ``local``, ``ray`` or ``slurm``, with its resources and cluster settings in
+    ``options`` (:class:`modbench.study.cluster.ExecutorOptions`).
     ``workers``: parallel worker processes of the local executor (None: :func:`auto_workers`).
     ``ensembles``: whether a method's seeds at a scale train stacked in one process
     (:func:`use_ensembles`; methods that cannot stack train seed by seed).
@@ -345,27 +431,35 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     noise floor), up to N seeds per method (:func:`modbench.analysis.stats.undecided`).
     """
     runs = expand(spec)
-    store = Store(out)
-    atomic_write_text(Path(out) / "spec.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    store.release_dead()
-    counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
-                              "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}
-    failures: list[str] = []
-    ex = make_executor(executor, workers)
-    stack = use_ensembles(ensembles)
-    while runs:
-        _execute(store, runs, spec, out, ex, counts, failures, progress, stack)
-        if until_decided is None:
-            break
-        runs = _undecided_runs(spec, out, until_decided)
-        counts["added_seeds"] += len(runs)
+    if ensembles not in ENSEMBLES:
+        use_ensembles(ensembles)  # the one-line error, before anything is written
+    ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
+    try:
+        store = Store(out)
+        atomic_write_text(Path(out) / "spec.yaml",
+                          yaml.safe_dump(spec.to_dict(), sort_keys=False))
+        store.release_dead()
+        counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
+                                  "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}
+        failures: list[str] = []
+        gpus = ex.gpus_per_job
+        nproc = nproc_for(gpus)
+        stack = use_ensembles(ensembles, None if executor == "local" else gpus)
+        while runs:
+            _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc)
+            if until_decided is None:
+                break
+            runs = _undecided_runs(spec, out, until_decided)
+            counts["added_seeds"] += len(runs)
+    finally:
+        ex.close()
     counts["failures"] = failures
     return counts
 
 
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
              counts: dict[str, Any], failures: list[str], progress: bool,
-             stack: bool = False) -> None:
+             stack: bool = False, nproc: int = 1) -> None:
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
@@ -375,7 +469,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
                desc=f"study {spec.name}", unit="run")
     try:
-        for results in ex.run(_jobs(out, todo, spec, stack)):
+        for results in ex.run(_jobs(out, todo, spec, stack, nproc)):
             for res in results:
                 counts[res.outcome] += 1
                 counts["diverged"] += res.status == "diverged"
@@ -423,16 +517,18 @@ def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]
     return new
 
 
-def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool) -> list[Job]:
+def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
+          nproc: int = 1) -> list[Job]:
     """One job per run; with ``stack``, one job per group of runs that differ only in their
-    init seed (same scale, method and data order) when the method can stack."""
+    init seed (same scale, method and data order) when the method can stack. With ``nproc``
+    > 1 every run is one torchrun group: one run per job."""
     from modbench.methods.build import plan
 
     groups: dict[str, list[RunSpec]] = {}
     for r in runs:
         d = r.config.to_dict()
         d.pop("seed")
-        same = json.dumps(d, sort_keys=True) if stack else r.key
+        same = json.dumps(d, sort_keys=True) if stack and nproc == 1 else r.key
         groups.setdefault(same, []).append(r)
     batches: list[list[RunSpec]] = []
     for group in groups.values():
@@ -442,7 +538,7 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool) ->
             batches.append(group)
     ev = dataclasses.asdict(spec.evaluation)
     return [Job(str(out), tuple(r.key for r in b), tuple(r.label for r in b),
-                tuple(r.config.to_dict() for r in b), ev) for b in batches]
+                tuple(r.config.to_dict() for r in b), ev, nproc=nproc) for b in batches]
 
 
 def study_status(out: str | Path) -> list[dict[str, Any]]:

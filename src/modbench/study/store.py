@@ -11,6 +11,11 @@ The index is SQLite in WAL mode with a busy timeout, so several worker processes
 machines sharing the folder on a file system with working locks) can claim and finish runs
 concurrently: a run is claimed with a conditional UPDATE, so two workers never train the same
 run. The run folders are the source of truth; the index can be rebuilt from them.
+
+A claim may carry a *lease*: a token a cluster executor gives one job, the same for every
+attempt of it (a Ray task retried after its worker died, a SLURM array task requeued after a
+preemption or a timeout). A later attempt takes over the claims held under its own lease, so a
+claim left by a dead attempt, on this host or another, never blocks the retry.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at REAL,
     summary TEXT,                            -- summary.json
     eval TEXT,                               -- eval.json
-    error TEXT
+    error TEXT,
+    lease TEXT                               -- the claiming job's lease (cluster executors)
 );
 """
 
@@ -50,6 +56,7 @@ class Store:
         (self.root / "runs").mkdir(exist_ok=True)
         with self._db() as db:
             db.executescript(SCHEMA)
+            _add_lease_column(db)
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -70,16 +77,29 @@ class Store:
             db.execute("INSERT OR IGNORE INTO runs (key, scale, method, seed) VALUES (?,?,?,?)",
                        (key, scale, method, seed))
 
-    def claim(self, key: str, stale_after_s: float = 24 * 3600) -> bool:
-        """Atomically claim a pending, failed or stale run for this worker."""
+    def claim(self, key: str, stale_after_s: float = 24 * 3600,
+              lease: str | None = None) -> bool:
+        """Atomically claim a pending, failed or stale run for this worker; with ``lease``, also
+        a run held under the same lease (an earlier attempt of this job, which is gone)."""
         me = worker_id()
         now = time.time()
         with self._db() as db:
             cur = db.execute(
-                "UPDATE runs SET state='running', worker=?, claimed_at=?, error=NULL "
+                "UPDATE runs SET state='running', worker=?, lease=?, claimed_at=?, error=NULL "
                 "WHERE key=? AND (state IN ('pending','failed') OR "
-                "(state='running' AND (worker=? OR claimed_at < ?)))",
-                (me, now, key, me, now - stale_after_s))
+                "(state='running' AND (worker=? OR claimed_at < ? OR lease=?)))",
+                (me, lease, now, key, me, now - stale_after_s, lease))
+            return cur.rowcount == 1
+
+    def fail_lost(self, key: str, lease: str | None, error: str) -> bool:
+        """Record as failed a run whose job was lost (its worker or cluster job died for good):
+        only while it is still pending or held under that job's ``lease``, never a run that is
+        done or that another worker holds. True when it was marked."""
+        with self._db() as db:
+            cur = db.execute(
+                "UPDATE runs SET state='failed', error=?, lease=NULL WHERE key=? AND "
+                "(state='pending' OR (state='running' AND lease=?))",
+                (error[:2000], key, lease))
             return cur.rowcount == 1
 
     def release_dead(self) -> int:
@@ -92,8 +112,8 @@ class Store:
                 if worker_gone(row["worker"], host):
                     # only if that dead worker still holds it: another process may have
                     # released and claimed it since the SELECT (a live claim stays)
-                    cur = db.execute("UPDATE runs SET state='pending', worker=NULL "
-                                     "WHERE key=? AND state='running' AND worker=?",
+                    cur = db.execute("UPDATE runs SET state='pending', worker=NULL, "
+                                     "lease=NULL WHERE key=? AND state='running' AND worker=?",
                                      (row["key"], row["worker"]))
                     n += cur.rowcount
         return n
@@ -122,6 +142,18 @@ class Store:
         with self._db() as db:
             r = db.execute("SELECT state FROM runs WHERE key=?", (key,)).fetchone()
             return r["state"] if r else None
+
+
+def _add_lease_column(db: sqlite3.Connection) -> None:
+    """Indexes written before leases existed get the column (several processes may try at
+    once: the losers find it there)."""
+    if "lease" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}:
+        return
+    try:
+        db.execute("ALTER TABLE runs ADD COLUMN lease TEXT")
+    except sqlite3.OperationalError as e:
+        if "duplicate column" not in str(e):
+            raise
 
 
 def worker_id() -> str:

@@ -1,0 +1,327 @@
+"""``modbench study run --dry-run``: the jobs a study would submit, their resources and the
+GPU-hours they should take; nothing is submitted, started or written.
+
+The estimate divides each job's FLOPs by a sustained throughput per GPU::
+
+    FLOPs of a run   = train FLOPs/token x steps x batch_size x seq_len          (training)
+                     + forward FLOPs/token x eval_sequences x seq_len x validations
+    validations      = 2 + (steps - 1) // eval_every     (before training, every eval_every
+                                                          steps, at the end)
+    GPU-hours of a job = sum of its runs' FLOPs / (peak x MFU) / 3600
+    wall hours         = GPU-hours / GPUs per job
+
+FLOPs per token are :func:`modbench.analysis.flops.flop_report`'s (``modbench flops``: matrix
+multiplications, training = 3 x forward). The throughput is the GPU's dense bf16 peak
+(:data:`modbench.analysis.bench.PEAK_BF16_TFLOPS`, ``--gpu-type``, or ``--gpu-tflops``) times
+an assumed model FLOPs utilisation, :data:`DEFAULT_MFU` unless ``--mfu`` gives one measured
+on the cluster (``tokens_per_s`` in a run's metrics.jsonl x train FLOPs/token / (GPUs x
+peak)). Not counted: the end-of-run evaluation (probes, harness tasks), start-up, checkpoint
+writes, and the steps a requeued job repeats since its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modbench.analysis.flops import flop_report
+from modbench.config import RunConfig
+from modbench.errors import ModbenchError, suggest
+from modbench.study.cluster import (
+    RAY_MAX_RETRIES,
+    SLURM_ARRAY_PARALLELISM,
+    SLURM_MAX_TIMEOUTS,
+    SLURM_TIME_MIN,
+    ExecutorOptions,
+    check_options,
+    cpus_for,
+    gpus_for,
+    nproc_for,
+    slurm_extra,
+)
+from modbench.study.spec import StudySpec, expand
+
+#: Model FLOPs utilisation assumed when ``--mfu`` is left out: what a dense decoder of about
+#: 1B parameters sustains in bf16 on an H100-class GPU with a well-tuned trainer is about
+#: 0.3-0.45; the estimate takes the low end. modbench's own eager step at 60M parameters
+#: measured 0.056 (BENCHMARKS.md): small models sit far below, so measure yours.
+DEFAULT_MFU = 0.30
+DEFAULT_GPU = "H100"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Sustained training FLOP/s of one GPU: its dense bf16 peak times the MFU."""
+
+    gpu: str
+    peak_tflops: float
+    mfu: float
+    mfu_assumed: bool = True
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.peak_tflops * 1e12 * self.mfu
+
+
+def throughput(gpu_type: str | None = None, gpu_tflops: float | None = None,
+               mfu: float | None = None) -> Throughput:
+    """``--gpu-type`` (a name of :data:`PEAK_BF16_TFLOPS`), or ``--gpu-tflops`` (the dense
+    bf16 peak in TFLOP/s), and ``--mfu``."""
+    from modbench.analysis.bench import PEAK_BF16_TFLOPS
+
+    if mfu is not None and not 0 < mfu <= 1:
+        raise ModbenchError(f"--mfu must be a fraction in (0, 1], got {mfu}")
+    if gpu_tflops is not None:
+        if gpu_tflops <= 0:
+            raise ModbenchError(f"--gpu-tflops must be positive, got {gpu_tflops}")
+        name = gpu_type or "GPU"
+        peak = gpu_tflops
+    else:
+        name = gpu_type or DEFAULT_GPU
+        known = {k.lower(): k for k in PEAK_BF16_TFLOPS}
+        if name.lower() not in known:
+            raise ModbenchError(f"unknown --gpu-type '{name}'{suggest(name, PEAK_BF16_TFLOPS)}; "
+                                f"use one of {', '.join(PEAK_BF16_TFLOPS)} or give its dense "
+                                "bf16 peak with --gpu-tflops")
+        name = known[name.lower()]
+        peak = PEAK_BF16_TFLOPS[name]
+    return Throughput(name, float(peak), DEFAULT_MFU if mfu is None else mfu, mfu is None)
+
+
+def validations(cfg: RunConfig) -> int:
+    """Validation passes of a full run: before training, every ``eval_every`` steps before
+    the last, and at the end."""
+    tc = cfg.train
+    return 2 + ((tc.steps - 1) // tc.eval_every if tc.eval_every else 0)
+
+
+def run_flops(cfg: RunConfig) -> float:
+    """FLOPs of one run trained to its last step: training plus its validation passes."""
+    r = flop_report(cfg.model, cfg.train.seq_len)
+    tc = cfg.train
+    train = r.train_flops_per_token * tc.steps * tc.batch_size * tc.seq_len
+    val = r.forward_flops_per_token * tc.eval_sequences * tc.seq_len * validations(cfg)
+    return float(train + val)
+
+
+@dataclass
+class JobPlan:
+    labels: tuple[str, ...]
+    tokens_per_run: int
+    flops: float  # all of its runs
+    gpus: int
+    cpus: int
+    nproc: int
+    gpu_hours: float | None  # None: a CPU job
+    wall_hours: float | None
+    timeouts: int | None = None  # SLURM: time-limit requeues it needs
+
+    @property
+    def name(self) -> str:
+        scale_method = self.labels[0].rsplit("/", 1)[0]
+        seeds = ",".join(label.rsplit("/", 1)[1] for label in self.labels)
+        return f"{scale_method} {seeds}"
+
+
+@dataclass
+class StudyPlan:
+    spec: str
+    folder: Path
+    executor: str
+    runs: int
+    done: int
+    jobs: list[JobPlan]
+    throughput: Throughput
+    stacked: bool
+    settings: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> float:
+        return sum(j.flops for j in self.jobs)
+
+    @property
+    def gpu_hours(self) -> float | None:
+        hours = [j.gpu_hours for j in self.jobs if j.gpu_hours is not None]
+        return sum(hours) if hours else None
+
+
+def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
+               workers: int | None = None, ensembles: str = "auto",
+               options: ExecutorOptions | None = None,
+               rate: Throughput | None = None) -> StudyPlan:
+    """The jobs ``modbench study run`` would start for ``spec`` into ``out`` (runs the study
+    folder already has done are left out), with their resources and estimated GPU-hours.
+    Reads the folder's index if there is one; writes nothing."""
+    from modbench.study.runner import _jobs, use_ensembles
+
+    opts = options or ExecutorOptions()
+    check_options(executor, opts, workers)
+    rate = rate or throughput()
+    runs = expand(spec)
+    done = _done_keys(Path(out))
+    todo = [r for r in runs if r.key not in done]
+    if executor == "local":
+        gpus = opts.gpus_per_run if (opts.gpus_per_run or 0) > 1 else _local_gpus()
+        cpus = 0
+        stack = use_ensembles(ensembles) and nproc_for(gpus) == 1
+    else:
+        gpus = gpus_for(executor, opts, cluster_has_gpus=True)
+        cpus = cpus_for(opts, gpus)
+        stack = use_ensembles(ensembles, gpus)
+    nproc = nproc_for(gpus)
+    configs = {r.key: r.config for r in todo}
+    jobs = []
+    limit_h = (opts.slurm_time or SLURM_TIME_MIN) / 60
+    for job in _jobs(out, todo, spec, stack, nproc):
+        cfgs = [configs[k] for k in job.keys]
+        flops = sum(run_flops(c) for c in cfgs)
+        tc = cfgs[0].train
+        gpu_h = flops / rate.flops_per_s / 3600 if gpus else None
+        wall_h = gpu_h / gpus if gpu_h is not None else None
+        timeouts = (max(0, math.ceil(wall_h / limit_h) - 1)
+                    if executor == "slurm" and wall_h is not None else None)
+        jobs.append(JobPlan(job.labels, tc.steps * tc.batch_size * tc.seq_len, flops, gpus,
+                            cpus, nproc, gpu_h, wall_h, timeouts))
+    plan = StudyPlan(spec.name, Path(out), executor, len(runs), len(runs) - len(todo), jobs,
+                     rate, any(len(j.labels) > 1 for j in jobs))
+    plan.settings = _settings(executor, opts, Path(out), gpus, cpus, nproc, workers, len(jobs))
+    max_timeouts = (SLURM_MAX_TIMEOUTS if opts.slurm_max_timeouts is None
+                    else opts.slurm_max_timeouts)
+    over = [j for j in jobs if (j.timeouts or 0) > max_timeouts]
+    if over:
+        plan.warnings.append(
+            f"{len(over)} job(s) need more than --slurm-max-timeouts {max_timeouts} requeues at "
+            f"--slurm-time {opts.slurm_time or SLURM_TIME_MIN} (the longest "
+            f"{max(j.timeouts or 0 for j in over)}): raise one of them, or --gpus-per-run")
+    if not gpus:
+        plan.warnings.append("no GPU on this machine: no GPU-hours to estimate" if executor ==
+                             "local" else "the jobs get no GPU (--gpus-per-run 0): no GPU-hours "
+                             "to estimate")
+    return plan
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return 1 if torch.cuda.is_available() else 0
+
+
+def _done_keys(folder: Path) -> set[str]:
+    """Keys of the runs the folder's index has done, read without writing anything (no index,
+    or one that cannot be read: none)."""
+    index = folder / "index.sqlite"
+    if not index.is_file():
+        return set()
+    # a closed index (no write-ahead log beside it) is read as immutable: SQLite then creates
+    # no -wal/-shm files; an index in use is read through the log its writers keep
+    live = index.with_name(index.name + "-wal").exists()
+    try:
+        db = sqlite3.connect(f"{index.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}",
+                             uri=True)
+        try:
+            return {r[0] for r in db.execute("SELECT key FROM runs WHERE state='done'")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
+
+
+def _settings(executor: str, opts: ExecutorOptions, out: Path, gpus: int, cpus: int, nproc: int,
+              workers: int | None, n_jobs: int) -> list[tuple[str, str]]:
+    per_run = (f"{nproc} processes (one torchrun group on one node)" if nproc > 1
+               else "1 process")
+    if executor == "local":
+        from modbench.study.runner import auto_workers
+
+        w = 1 if nproc > 1 else (workers if workers is not None else auto_workers())
+        return [("executor", f"local: {w} worker process(es) on this machine"),
+                ("per job", f"{gpus} GPU(s), {per_run}")]
+    res = f"{gpus} GPU(s), {cpus} CPU(s), {per_run}"
+    if executor == "ray":
+        where = (f"the Ray cluster at {opts.ray_address}" if opts.ray_address
+                 else "a local Ray instance started on this machine")
+        rows = [("executor", f"ray: {n_jobs} task(s) on {where}; a task whose worker dies is "
+                             f"retried up to {RAY_MAX_RETRIES} times"),
+                ("per job", f"num_gpus={gpus}, num_cpus={cpus}: {res}")]
+        if opts.gpus_per_run is None:
+            rows.append(("", "(GPUs per job: 1 on a cluster with GPUs, else 0; set "
+                             "--gpus-per-run to be sure)"))
+        return rows
+    time_min = opts.slurm_time or SLURM_TIME_MIN
+    max_timeouts = (SLURM_MAX_TIMEOUTS if opts.slurm_max_timeouts is None
+                    else opts.slurm_max_timeouts)
+    parallel = opts.slurm_array_parallelism or SLURM_ARRAY_PARALLELISM
+    rows = [("executor", f"slurm (submitit): one job array of {n_jobs} task(s), at most "
+                         f"{parallel} at once"),
+            ("per job", f"1 node, 1 task, {res}"
+                        + (f", {opts.slurm_mem_gb:g} GB memory" if opts.slurm_mem_gb else "")),
+            ("time limit", f"{time_min} min per job; timed out or preempted, it is requeued "
+                           f"and resumes from its last checkpoint (up to {max_timeouts} "
+                           "time-outs)"),
+            ("sbatch", ", ".join(f"{k}={v}" for k, v in [
+                ("partition", opts.slurm_partition or "(cluster default)"),
+                ("account", opts.slurm_account or "(default)"),
+                *([("qos", opts.slurm_qos)] if opts.slurm_qos else []),
+                *([("constraint", opts.slurm_constraint)] if opts.slurm_constraint else []),
+                *slurm_extra(opts).items()])),
+            ("logs", str(Path(opts.slurm_folder) if opts.slurm_folder else out / "slurm"))]
+    rows += [("setup", line) for line in opts.slurm_setup]
+    return rows
+
+
+def _count(x: float) -> str:
+    """Tokens as 23.07B, 1.20M, 65.5K."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_plan(plan: StudyPlan) -> str:
+    """The dry run as a cluster user reads it: settings, one line per job, the total."""
+    rate = plan.throughput
+    todo = plan.runs - plan.done
+    lines = ["dry run: nothing submitted, nothing written",
+             f"{'study':<11}{plan.spec} -> {plan.folder} ({todo} of {plan.runs} runs to train"
+             + (f", {plan.done} done" if plan.done else "") + ")"]
+    lines += [f"{k:<11}{v}" for k, v in plan.settings]
+    mfu = f"MFU {rate.mfu:.2f}" + (" (assumed; --mfu)" if rate.mfu_assumed else "")
+    if any(j.gpus for j in plan.jobs):
+        lines.append(f"{'throughput':<11}{rate.gpu} dense bf16 peak {rate.peak_tflops:g} "
+                     f"TFLOP/s x {mfu} = {rate.flops_per_s / 1e12:.1f} TFLOP/s per GPU")
+    if plan.stacked:
+        lines.append(f"{'stacked':<11}a method's seeds train stacked in one job (--ensembles; "
+                     "off: one run per job)")
+    slurm = plan.executor == "slurm"
+    head = (f"{'job':>4}  {'runs':<40} {'tokens/run':>10} {'FLOPs':>9} {'GPUs':>4} "
+            f"{'GPU-hours':>10} {'wall h':>8}" + (f" {'time-outs':>9}" if slurm else ""))
+    lines += ["", head]
+    for i, j in enumerate(plan.jobs, 1):
+        gpu_h = f"{j.gpu_hours:,.1f}" if j.gpu_hours is not None else "-"
+        wall = f"{j.wall_hours:,.1f}" if j.wall_hours is not None else "-"
+        row = (f"{i:>4}  {j.name:<40} {_count(j.tokens_per_run):>10} {j.flops:>9.3g} "
+               f"{j.gpus:>4} {gpu_h:>10} {wall:>8}")
+        if slurm:
+            row += f" {j.timeouts if j.timeouts is not None else '-':>9}"
+        lines.append(row)
+    total = plan.gpu_hours
+    longest = max((j.wall_hours for j in plan.jobs if j.wall_hours is not None), default=None)
+    lines.append("")
+    if not plan.jobs:
+        lines.append("total: nothing to train (every run is done)")
+    else:
+        text = (f"total: {todo} runs in {len(plan.jobs)} jobs, {plan.flops:.3e} FLOPs"
+                + (f" = {total:,.1f} GPU-hours ({total / 24:,.1f} GPU-days) at "
+                   f"{rate.flops_per_s / 1e12:.1f} TFLOP/s per GPU" if total is not None else ""))
+        if longest is not None:
+            text += f"; the longest job {longest:,.1f} h wall"
+        lines.append(text)
+    lines.append("counted: training (3 x forward matmul FLOPs per token, `modbench flops`) and "
+                 "validation passes;")
+    lines.append("not counted: end-of-run evaluation (probes, harness tasks), start-up, "
+                 "checkpoint writes, steps redone after a requeue")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""The SLURM executor (``modbench study run --executor slurm``), through submitit.
+
+Every wave of a study (its runs, then each ``--until-decided`` round) is one job array
+(``AutoExecutor.map_array``): one array task per job, with ``--gpus-per-run`` GPUs and
+``--cpus-per-run`` CPUs on one node, the partition, time limit, account and the rest of the
+``--slurm-*`` options. Logs and submitit's pickles go to ``<study>/slurm`` (``--slurm-folder``).
+
+Each task runs :class:`StudyTask`, a submitit ``Checkpointable``: when SLURM preempts a task
+or its time limit comes (submitit asks for a signal before it), submitit calls
+:meth:`StudyTask.checkpoint` and requeues the same task. The requeued attempt claims its runs
+under the job's lease, taking over what its predecessor held, and resumes every run from its
+last checkpoint (:func:`modbench.study.runner.execute_job` resumes a run folder that has one),
+so a run longer than the time limit trains across several allocations. Results are collected
+as array tasks finish (``submitit.helpers.as_completed``); a task that fails (a crash, out of
+memory, cancelled, too many time-outs) has its unfinished runs recorded as failed with a
+one-line reason, and the next ``modbench study run`` retries them.
+
+The results store (``<study>/index.sqlite``) stays the only record: the study folder must be
+on a file system the compute nodes share. Interrupting ``modbench study run`` leaves the array
+running (``scancel`` stops it); its runs show as running in ``modbench study status``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from modbench.errors import ModbenchError
+from modbench.study.cluster import (
+    SLURM_MAX_TIMEOUTS,
+    SLURM_TIME_MIN,
+    ExecutorOptions,
+    cpus_for,
+    gpus_for,
+    one_line,
+    slurm_extra,
+)
+from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
+
+
+class StudyTask(submitit.helpers.Checkpointable):
+    """What each array task runs: :func:`execute_job` on its :class:`Job`."""
+
+    def __call__(self, job: Job) -> list[JobResult]:
+        return execute_job(job)
+
+    def checkpoint(self, job: Job) -> submitit.helpers.DelayedSubmission:
+        """On preemption or time-out: requeue the same job. The runs' own checkpoints hold
+        their state; the requeued attempt resumes them (same lease, so its claims carry over)."""
+        return submitit.helpers.DelayedSubmission(self, job)
+
+
+class SlurmExecutor:
+    """Job arrays through submitit; see the module's docstring.
+
+    ``cluster``: submitit's cluster, ``slurm`` (default) or ``local`` (the same code path with
+    each task a local process: for tests). ``task``: the callable each array task runs (a
+    :class:`StudyTask`; a subclass may add set-up)."""
+
+    def __init__(self, options: ExecutorOptions, *, verbose: bool = False,
+                 cluster: str = "slurm", poll_s: float | None = None,
+                 task: StudyTask | None = None) -> None:
+        if cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ModbenchError("--executor slurm needs SLURM's sbatch, which is not on this "
+                                "machine's PATH; run it on a cluster login node, or see what it "
+                                "would submit with --dry-run")
+        self.options = options
+        self.verbose = verbose
+        self.cluster = cluster
+        self.poll_s = poll_s if poll_s is not None else (15.0 if cluster == "slurm" else 0.5)
+        self.task = task or StudyTask()
+        self.gpus_per_job = gpus_for("slurm", options, cluster_has_gpus=True)
+        self.cpus = cpus_for(options, self.gpus_per_job)
+        self.submitted: list[Any] = []  # the submitit jobs of the last wave
+
+    def folder(self, root: Path) -> Path:
+        return Path(self.options.slurm_folder) if self.options.slurm_folder else root / "slurm"
+
+    def _executor(self, root: Path) -> submitit.AutoExecutor:
+        o = self.options
+        timeouts = SLURM_MAX_TIMEOUTS if o.slurm_max_timeouts is None else o.slurm_max_timeouts
+        ex = submitit.AutoExecutor(folder=self.folder(root), cluster=self.cluster,
+                                   slurm_max_num_timeout=timeouts,
+                                   local_max_num_timeout=timeouts)
+        params: dict[str, Any] = {
+            "name": f"modbench-{root.name}",
+            "timeout_min": o.slurm_time or SLURM_TIME_MIN,
+            "nodes": 1,
+            "tasks_per_node": 1,  # one process per job; a multi-GPU run starts torchrun itself
+            "gpus_per_node": self.gpus_per_job,
+            "cpus_per_task": self.cpus,
+            "mem_gb": o.slurm_mem_gb,
+            "slurm_partition": o.slurm_partition,
+            "slurm_account": o.slurm_account,
+            "slurm_qos": o.slurm_qos,
+            "slurm_constraint": o.slurm_constraint,
+            "slurm_array_parallelism": o.slurm_array_parallelism,
+            "slurm_setup": list(o.slurm_setup) or None,
+            "slurm_additional_parameters": slurm_extra(o) or None,
+        }
+        ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        return ex
+
+    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
+        if not jobs:
+            return
+        root = Path(jobs[0].root).resolve()
+        jobs = [dataclasses.replace(j, root=str(root), threads=self.cpus,
+                                    lease=f"slurm:{uuid.uuid4().hex}") for j in jobs]
+        ex = self._executor(root)
+        try:
+            submitted = ex.map_array(self.task, jobs)
+        except Exception as e:  # sbatch refused: a bad partition, account, time limit ...
+            raise ModbenchError(f"sbatch refused the job array ({one_line(e)}); check the "
+                                "--slurm-* options") from e
+        self.submitted = submitted
+        by_job = {id(s): j for s, j in zip(submitted, jobs, strict=True)}
+        array = submitted[0].job_id.split("_")[0]
+        if self.verbose:
+            _say(f"slurm: submitted {len(jobs)} task(s) as job {array}; logs in "
+                 f"{self.folder(root)}")
+        left = set(by_job)
+        try:
+            for sjob in submitit.helpers.as_completed(submitted, poll_frequency=self.poll_s):
+                left.discard(id(sjob))
+                job = by_job[id(sjob)]
+                try:
+                    results: list[JobResult] = sjob.result()
+                except Exception as e:
+                    results = lost_job_results(job, _reason(sjob, e))
+                yield results
+        except BaseException:
+            if left and self.verbose:
+                _say(f"slurm: job {array} keeps running ({len(left)} task(s) not finished); "
+                     f"`scancel {array}` stops it, `modbench study status {root}` follows it")
+            raise
+
+    def close(self) -> None:
+        pass
+
+
+def _reason(sjob: Any, error: Exception) -> str:
+    """One line: which task, how it ended, the last line of its error, where its log is."""
+    try:
+        state = sjob.state
+    except Exception:
+        state = "UNKNOWN"
+    return (f"SLURM task {sjob.job_id} ended {state}: {_error_line(error)} (log: "
+            f"{sjob.paths.stderr}); run `modbench study run` again to retry it")
+
+
+def _error_line(error: Exception) -> str:
+    """The last line of the task's traceback (submitit's FailedJobError quotes it between two
+    dashed lines, then the log paths), else the last line of what submitit says."""
+    text, rule = str(error), "-" * 22 + "\n"
+    if isinstance(error, submitit.core.utils.FailedJobError) and text.count(rule) >= 2:
+        text = text.split(rule)[1]
+    return one_line(text, 200)
+
+
+def _say(message: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(message, file=sys.stderr)
