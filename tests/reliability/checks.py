@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,17 @@ def wait_for(pred: Any, timeout: float, what: str) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+@dataclass
+class KillTally:
+    """What a kill test tried and how it came out: the counts of its subclass's fields, the
+    kills by kind, and the failures (recorded for docs/reliability.md by ``as_dict``)."""
+
+    by_kind: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["by_kind"] = dict(sorted(self.by_kind.items()))
+        return d

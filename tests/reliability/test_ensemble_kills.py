@@ -15,12 +15,12 @@ import json
 import random
 import signal
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.reliability.checks import (
+    KillTally,
     checkpoint_differences,
     checkpoint_step,
     run_child,
@@ -75,19 +75,12 @@ def draw(rng: random.Random, ref: Reference) -> dict[str, Any]:
 
 
 @dataclass
-class Tally:
+class Tally(KillTally):
     cases: int = 0
     kills: int = 0
     bit_exact: int = 0  # every member equal to the uninterrupted stacked run, bit for bit
     rewound: int = 0  # members' checkpoints at different steps: resumed at a common step
     restarted: int = 0  # some members without a checkpoint: all started afresh
-    by_kind: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["by_kind"] = dict(sorted(self.by_kind.items()))
-        return d
 
 
 def one_case(ctx: Any, ref: Reference, kill: dict[str, Any], folder: Path,

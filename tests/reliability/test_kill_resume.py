@@ -16,13 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.reliability.checks import (
+    KillTally,
     checkpoint_differences,
     checkpoint_step,
     run_child,
@@ -127,7 +127,7 @@ LOST = 255
 
 
 @dataclass
-class Tally:
+class Tally(KillTally):
     cases: int = 0
     kills: int = 0
     bit_exact: int = 0  # final val loss, every parameter, optimizer state, step, data hash
@@ -138,13 +138,6 @@ class Tally:
     final_window: int = 0  # killed after the final checkpoint, before summary.json
     stray_temp_files: int = 0  # temporary files of killed atomic writes left behind
     exit_status_lost: int = 0  # a resume that finished, its exit status lost by the forkserver
-    by_kind: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["by_kind"] = dict(sorted(self.by_kind.items()))
-        return d
 
 
 def one_case(ctx: Any, ref: Reference, kills: list[dict[str, Any]], folder: Path,

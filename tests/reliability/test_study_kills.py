@@ -16,14 +16,14 @@ import random
 import signal
 import sqlite3
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from tests.reliability.checks import (
+    KillTally,
     checkpoint_differences,
     run_child,
     strip_metrics,
@@ -169,18 +169,11 @@ def study_problems(ref: Path, got: Path) -> tuple[list[str], bool]:
 
 
 @dataclass
-class Tally:
+class Tally(KillTally):
     chains: int = 0
     kills: int = 0
     reruns: int = 0
     identical: int = 0  # studies equal to the uninterrupted one (runs, evals, report)
-    by_kind: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["by_kind"] = dict(sorted(self.by_kind.items()))
-        return d
 
 
 @pytest.fixture(scope="module")
