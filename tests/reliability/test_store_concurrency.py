@@ -197,3 +197,36 @@ def test_two_study_processes_on_one_folder_train_each_run_once(forkserver: Any,
         assert strip_metrics(run) == strip_metrics(ref)
     record({"processes": 2, "runs": 5, "trained": [ca["trained"], cb["trained"]],
             "busy": [ca["busy"], cb["busy"]], "duplicated": 0})
+
+
+def test_a_job_whose_worker_keeps_dying_is_lost_without_touching_live_claims(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local executor's last requeue (runner._requeue at WORKER_DEATHS): the runs the
+    dead worker held are released and recorded as failed, a run it finished is reported
+    trained, and a run another live worker claimed meanwhile is left to it (busy)."""
+    import collections
+
+    from modbench.study import runner
+
+    store = Store(tmp_path)
+    for key in ("held", "done", "taken"):
+        store.register(key, "tiny", "m", 0)
+    dead = f"{socket.gethostname()}:999999999"  # no such process
+    monkeypatch.setattr(store_mod, "worker_id", lambda: dead)
+    assert store.claim("held") and store.claim("done") and store.claim("taken")
+    store.finish("done", {"status": "completed"}, None)
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    monkeypatch.setattr(store_mod, "worker_id", lambda: me)
+    store.release_dead()
+    assert store.claim("taken")  # a live worker (this process) holds it now
+    job = runner.Job(root=str(tmp_path), keys=("held", "done", "taken"),
+                     labels=("h", "d", "t"), configs=({}, {}, {}), evaluation={})
+    queue: collections.deque[runner.Job] = collections.deque()
+    deaths = {job.keys: runner.WORKER_DEATHS - 1}  # its earlier deaths
+    results = [r for batch in runner._requeue(job, deaths, queue) for r in batch]
+    assert not queue
+    assert {(r.key, r.outcome) for r in results} == {("done", "trained"), ("held", "failed"),
+                                                      ("taken", "busy")}
+    states = {r["key"]: r["state"] for r in store.rows()}
+    assert states == {"held": "failed", "done": "done", "taken": "running"}
+    assert "died 3 times" in next(r.error for r in results if r.key == "held")

@@ -305,7 +305,8 @@ class LocalExecutor:
 def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
              queue: collections.deque[Job]) -> Iterator[list[JobResult]]:
     """A job whose worker died: release its claims, report the runs it finished, and queue
-    the rest again (or fail them after :data:`WORKER_DEATHS` deaths)."""
+    the rest again (after :data:`WORKER_DEATHS` deaths, the job is lost: :func:`lost_job_results`
+    records its released runs as failed and leaves any another worker has claimed since)."""
     store = Store(job.root)
     store.release_dead()
     rows = {r["key"]: r for r in store.rows()}
@@ -324,12 +325,8 @@ def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
     if n < WORKER_DEATHS:
         queue.appendleft(rest)
         return
-    msg = (f"its worker process died {n} times (killed, or out of memory); run `modbench "
-           "study run` again to retry it")
-    for k in rest.keys:
-        store.fail(k, msg)
-    yield [JobResult(k, label, "failed", error=msg)
-           for k, label in zip(rest.keys, rest.labels, strict=True)]
+    yield lost_job_results(rest, f"its worker process died {n} times (killed, or out of "
+                                 "memory); run `modbench study run` again to retry it")
 
 
 def _worker_main(conn: Any) -> None:
