@@ -98,6 +98,30 @@ def test_a_run_killed_before_its_first_checkpoint_resumes(
     assert strip_metrics(tmp_path / "cut") == strip_metrics(tmp_path / "full")
 
 
+def _kill_and_resume_stacked(forkserver: Any, tmp_path: Path, n: int,
+                             steps: list[int | None]) -> tuple[Path, Path]:
+    """Train the stacked seeds uninterrupted into ``ref``; kill a second stacked run right
+    after its ``n``-th checkpoint is in place, check the members' checkpoint ``steps``, resume
+    it stacked, and check every member's checkpoint equals the uninterrupted one's. Returns
+    (ref, cut)."""
+    cfg = ensemble_config()
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    outs = lambda d: [str(d / f"s{s}") for s in SEEDS]  # noqa: E731
+    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(ref), False, None,
+                                                  None)) == 0
+    kill = {"kind": "ckpt_renamed", "n": n}
+    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), False, kill,
+                                                  None)) == -9
+    assert [checkpoint_step(Path(o)) for o in outs(cut)] == steps
+    report = tmp_path / "resume.json"
+    code = run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), True, None,
+                                                  str(report)))
+    assert code == 0, json.loads(report.read_text())
+    for s in SEEDS:
+        assert not checkpoint_differences(ref / f"s{s}", cut / f"s{s}")
+    return ref, cut
+
+
 def test_an_ensemble_killed_between_member_checkpoints_resumes_stacked(
         forkserver: Any, tmp_path: Path) -> None:
     """Defect (fixed): the members of a stacked run write their checkpoints one after
@@ -106,21 +130,9 @@ def test_an_ensemble_killed_between_member_checkpoints_resumes_stacked(
     together ... resume each on its own"), and members resumed one by one match the stacked
     run only to ~1e-5, not bit for bit. Fix: stacked members keep their previous checkpoint
     (prev.pt) and resume from the newest step they all have."""
-    cfg = ensemble_config()
-    ref, cut = tmp_path / "ref", tmp_path / "cut"
-    outs = lambda d: [str(d / f"s{s}") for s in SEEDS]  # noqa: E731
-    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(ref), False, None,
-                                                  None)) == 0
-    kill = {"kind": "ckpt_renamed", "n": len(SEEDS) + 1}  # s0's second checkpoint
-    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), False, kill,
-                                                  None)) == -9
-    assert [checkpoint_step(Path(o)) for o in outs(cut)] == [6, 3, 3]
-    report = tmp_path / "resume.json"
-    code = run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), True, None,
-                                                  str(report)))
-    assert code == 0, json.loads(report.read_text())
+    ref, cut = _kill_and_resume_stacked(forkserver, tmp_path, len(SEEDS) + 1,  # s0's 2nd
+                                        [6, 3, 3])
     for s in SEEDS:
-        assert not checkpoint_differences(ref / f"s{s}", cut / f"s{s}")
         assert strip_summary(ref / f"s{s}")["final_val_loss"] == \
             strip_summary(cut / f"s{s}")["final_val_loss"]
 
@@ -132,21 +144,8 @@ def test_an_ensemble_killed_in_its_first_checkpoint_round_resumes_stacked(
     together: they stand at steps [0, 3]"): s0 had no earlier checkpoint to go back to. Fix:
     ``_resume_points`` counts "no checkpoint" as step 0, which every member has; when the
     members share no checkpointed step all start afresh (s0's stale checkpoint removed)."""
-    cfg = ensemble_config()
-    ref, cut = tmp_path / "ref", tmp_path / "cut"
-    outs = lambda d: [str(d / f"s{s}") for s in SEEDS]  # noqa: E731
-    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(ref), False, None,
-                                                  None)) == 0
-    kill = {"kind": "ckpt_renamed", "n": 1}  # s0's first checkpoint, before s1's
-    assert run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), False, kill,
-                                                  None)) == -9
-    assert [checkpoint_step(Path(o)) for o in outs(cut)] == [3, None, None]
-    report = tmp_path / "resume.json"
-    code = run_child(forkserver, ensemble_child, (cfg, SEEDS, outs(cut), True, None,
-                                                  str(report)))
-    assert code == 0, json.loads(report.read_text())
-    for s in SEEDS:
-        assert not checkpoint_differences(ref / f"s{s}", cut / f"s{s}")
+    _kill_and_resume_stacked(forkserver, tmp_path, 1,  # s0's first, before s1's
+                             [3, None, None])
 
 
 def test_the_defects_do_not_touch_final_losses_or_weights(tmp_path: Path) -> None:

@@ -112,13 +112,17 @@ def builtin_tokenizer(vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
+def _first_line(exc: Exception) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def _load_tokenizer_file(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModbenchError(
-            f"{path} is not a valid Hugging Face tokenizer.json ({first}); "
+            f"{path} is not a valid Hugging Face tokenizer.json ({_first_line(exc)}); "
             "point --tokenizer at a tokenizer.json saved by `tokenizers`"
         ) from exc
 
@@ -148,9 +152,9 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
         except Exception as exc:
             tokenizer = _from_transformers(name)  # a repo with tokenizer.model only, say
             if tokenizer is None:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ModbenchError(
-                    f"could not load tokenizer {name!r} from the Hugging Face Hub ({first}); "
+                    f"could not load tokenizer {name!r} from the Hugging Face Hub "
+                    f"({_first_line(exc)}); "
                     "check the name, your network and access (gated models need "
                     "`huggingface-cli login`), or pass a local tokenizer.json"
                 ) from exc
