@@ -29,6 +29,15 @@ from modbench.errors import ModbenchError, suggest
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
 
+#: Settings of how a run executes, not of what it computes (beyond floating-point rounding),
+#: each with the value a study's skip key hashes it as whatever it holds (``None``: left out
+#: of the hash; otherwise the value runs had before the key existed or changed, so stores keep
+#: their keys). A run may also resume under other values of these. Add a key here only if
+#: changing it cannot change a run's results beyond rounding.
+EXECUTION_KEYS: dict[str, object] = {
+    "train.compile": False,
+}
+
 
 def _at_least(key: str, value: float, low: float, strict: bool = False) -> None:
     """Refuse ``value`` below ``low`` (or equal to it, ``strict``)."""

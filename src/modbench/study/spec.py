@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from modbench.config import RunConfig, resolve
+from modbench.config import EXECUTION_KEYS, RunConfig, resolve
 from modbench.errors import ModbenchError, suggest
 from modbench.methods.build import plan
 
@@ -213,6 +213,12 @@ def config_key(cfg: RunConfig) -> str:
     for (section, key), default in _NEW_KEY_DEFAULTS.items():
         if d[section].get(key) == default:
             del d[section][key]
+    for dotted, hashed_as in EXECUTION_KEYS.items():
+        section, key = dotted.split(".")
+        if hashed_as is None:
+            d[section].pop(key, None)
+        else:
+            d[section][key] = hashed_as
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

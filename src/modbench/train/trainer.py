@@ -43,7 +43,7 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
-from modbench.config import ModelConfig, RunConfig, dump_yaml, from_dict
+from modbench.config import EXECUTION_KEYS, ModelConfig, RunConfig, dump_yaml, from_dict
 from modbench.errors import ModbenchError
 from modbench.eval.probes import ProbeScoring
 from modbench.fsutil import atomic_write_text
@@ -494,7 +494,8 @@ class Trainer:
             stored = yaml.safe_load(cfg_file.read_text())
             stored.pop("meta", None)
             # keys added to the config since the run started hold their defaults there
-            diff = sorted(_diff_keys(_with_defaults(stored), m.cfg.to_dict()))
+            diff = sorted(k for k in _diff_keys(_with_defaults(stored), m.cfg.to_dict())
+                          if k not in EXECUTION_KEYS)
             if diff:
                 raise ModbenchError(
                     f"cannot resume {m.out}: the config differs from its config.yaml in "
