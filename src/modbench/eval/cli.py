@@ -68,16 +68,30 @@ def export_command(
     run_dir: Annotated[Path, typer.Argument(help="A run folder written by `modbench train`.")],
     hf: Annotated[Path, typer.Option("--hf", help="Output folder of the Hugging Face "
                                      "checkpoint.")],
+    push_to_hub: Annotated[str | None, typer.Option(
+        "--push-to-hub", metavar="REPO", help="Then upload the folder to this Hugging Face "
+        "Hub repo (created if missing), e.g. alice/modbench-qknorm; needs a token "
+        "(`hf auth login` or HF_TOKEN).")] = None,
+    private: Annotated[bool, typer.Option(
+        help="With --push-to-hub: create the repo private.")] = False,
 ) -> None:
-    """Export a trained run as a Hugging Face checkpoint (custom config and model class for
-    the auto classes, safetensors, tokenizer); load it with trust_remote_code=True.
+    """Export a trained run as a self-contained Hugging Face checkpoint: config, weights
+    (safetensors), tokenizer, model card (README.md) and the modbench model code it needs, so
+    it loads with trust_remote_code=True where modbench is not installed.
 
-    Example: modbench export runs/t --hf exported/t
+    Example: modbench export runs/t --hf exported/t --push-to-hub alice/modbench-t
     """
-    from modbench.eval.export import export_hf
+    from modbench.eval.export import check_push, export_hf
 
-    out = export_hf(run_dir, hf)
+    if push_to_hub is not None:
+        check_push(push_to_hub)  # before any work: huggingface_hub, the repo id, a token
+    out = export_hf(run_dir, hf, repo_id=push_to_hub)
     typer.echo(f"wrote {out}")
-    typer.echo(f"load:  AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True)")
-    typer.echo(f"eval:  lm_eval --model hf --model_args pretrained={out},trust_remote_code=True "
+    where = push_to_hub or str(out)
+    if push_to_hub is not None:
+        from modbench.eval.export import push_to_hub as push
+
+        typer.echo(f"pushed {push(out, push_to_hub, private=private or None)}")
+    typer.echo(f"load:  AutoModelForCausalLM.from_pretrained('{where}', trust_remote_code=True)")
+    typer.echo(f"eval:  lm_eval --model hf --model_args pretrained={where},trust_remote_code=True "
                "--tasks ...")

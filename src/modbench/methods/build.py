@@ -66,13 +66,15 @@ class Plan:
         return sum(t.numel() for t in model.parameters())
 
 
-def plan(cfg: ModelConfig) -> Plan:
+def plan(cfg: ModelConfig, methods: list[Method] | None = None) -> Plan:
     """Parse ``cfg.method``, let each method edit (a copy of) the config and fill the spec.
 
+    ``methods``, when given, are the parsed methods to use instead (an exported model's
+    remote code builds them from its config.json, without the registry).
     Raises :class:`~modbench.errors.ModbenchError` for unknown or conflicting methods,
     before anything is allocated.
     """
-    methods = parse_methods(cfg.method)
+    methods = parse_methods(cfg.method) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     for m in methods:
         m.edit_config(cfg)

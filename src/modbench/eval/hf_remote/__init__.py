@@ -1,5 +1,7 @@
-"""Files copied into an exported Hugging Face checkpoint (loaded with trust_remote_code).
+"""The two remote-code files of an exported Hugging Face checkpoint (loaded with
+trust_remote_code), copied into the export as they are.
 
-They import ``modbench`` to build the exact same model, so every registered method exports;
-the loading environment needs ``pip install modbench``.
+``modeling_modbench.py`` imports the modbench modules that :mod:`modbench.eval.hf_bundle`
+writes next to it (``modbench_*.py``), not ``modbench`` itself, so these two files are not
+importable from here: they are templates, linted with the package.
 """

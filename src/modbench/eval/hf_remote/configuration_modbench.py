@@ -8,12 +8,15 @@ from transformers import PretrainedConfig
 
 
 class ModbenchConfig(PretrainedConfig):
-    """Holds modbench's own model config under ``modbench`` (shape and method string)."""
+    """Holds modbench's own model config under ``modbench`` (shape and method string) and the
+    model's methods with their options under ``modbench_methods``."""
 
     model_type = "modbench"
 
-    def __init__(self, modbench: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, modbench: dict[str, Any] | None = None,
+                 modbench_methods: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
         self.modbench = dict(modbench or {})
+        self.modbench_methods = [dict(m) for m in modbench_methods or []]
         kwargs.setdefault("vocab_size", self.modbench.get("vocab_size"))
         kwargs.setdefault("hidden_size", self.modbench.get("d_model"))
         kwargs.setdefault("num_hidden_layers", self.modbench.get("n_layers"))
