@@ -144,11 +144,13 @@ def test_every_command_has_help_with_example(cmd: list[str],
     assert code == 0 and "Example" in out
 
 
-def test_divergence_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_divergence_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diverged single run exits 3 (a script can tell it from success), its folder and
+    summary written all the same."""
     code, out, _ = cli(capsys, "train", "--preset", "tiny", "--steps", "30", "--out",
                        str(tmp_path / "r"), "--no-progress", "--set", "recipe.lr=1e30",
                        "--set", "recipe.grad_clip=0", "--set", "recipe.warmup_frac=0")
-    assert code == 0 and "status:  diverged at step" in out
+    assert code == 3 and "status:  diverged at step" in out
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "diverged"
 
 

@@ -1,14 +1,32 @@
-"""The ``modbench`` command line: a thin typer layer over the Python API."""
+"""The ``modbench`` command line: a thin typer layer over the Python API.
+
+Start-up is kept fast: this module and the sub-apps it mounts (``*/cli.py``) import only typer,
+the standard library and modbench's light modules (config, errors) at module level, so
+``modbench --help``, ``modbench methods``, ``modbench presets`` and argument errors answer
+without importing torch or transformers; each command imports what it runs in its body
+(tests/test_cli_startup.py holds this).
+
+Exit codes (docs/cli.md): 0 completed, 1 a study finished with failed runs, 2 usage or input
+error (one line on stderr, nothing written), 3 a single run (``modbench train``) diverged or
+stalled, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from modbench.errors import ModbenchError
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # usage or input error: one line on stderr
+EXIT_INTERRUPTED = 130
+# (1: `modbench study run` with failed runs, study/cli.py; 3: a diverged or stalled
+# `modbench train` run, train/cli.py EXIT_DIVERGED)
 
 app = typer.Typer(
     name="modbench",
@@ -38,61 +56,98 @@ _mount_subcommands()
 
 @app.command()
 def methods(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON: every field, the citation and recipe exceptions too.")
+    ] = False,
 ) -> None:
-    """List the registered methods (name, category, citation, summary, options).
+    """List the registered methods: name, category, summary, options with their defaults.
+
+    On a terminal a table fitted to its width; piped, a header and one line per method (name,
+    category, summary), its options and notes on indented lines below. Read from the method
+    catalog, without importing torch.
 
     Example: modbench methods --json
     """
-    from modbench.methods import load_all
+    from modbench.methods.catalog import REWRITE, method_rows
 
-    rows = [cls.info() for _, cls in sorted(load_all().items())]
+    rows, current = method_rows()
+    if not current:
+        typer.echo(f"note: the method catalog is out of date, so the registry was loaded "
+                   f"(slower); `{REWRITE}` rewrites it", err=True)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    _echo_table(METHOD_COLUMNS, method_table(rows), wrap=(2,))
+
+
+METHOD_COLUMNS = ["method", "category", "summary"]
+
+
+def method_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The rows of `modbench methods` from the methods' info rows: name, category, and the
+    summary with the options and any note on lines of their own."""
+    table = []
     for r in rows:
-        opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
-        typer.echo(f"{r['name']:<16} {r['category']:<12} {r['summary']}")
+        text = r["summary"]
+        if r["options"]:
+            text += "\noptions: " + ", ".join(f"{k}={v}" for k, v in r["options"].items())
         if r["leaks_across_positions"]:
-            typer.echo(f"{'':<29} note: batch statistics mix positions in training mode "
-                       "(future tokens leak into earlier outputs)")
-        if opts:
-            typer.echo(f"{'':<29} options: {opts}")
+            text += ("\nnote: batch statistics mix positions in training mode (future tokens "
+                     "leak into earlier outputs)")
+        table.append([r["name"], r["category"], text])
+    return table
 
 
 @app.command()
 def presets(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON: the whole model config, training keys and note.")] = False,
 ) -> None:
-    """List the presets with their shapes and parameter counts (no weights are allocated).
+    """List the presets with their shapes and parameter counts (counted, nothing allocated).
+
+    Columns: parameters in millions, d_model, layers, query/KV heads, d_ff, vocabulary,
+    context length, recipe. On a terminal a table fitted to its width; piped, one line per
+    preset.
 
     Example: modbench presets --json
     """
     import dataclasses
 
+    from modbench.analysis.flops import baseline_params
     from modbench.config import PRESETS
-    from modbench.methods.build import count_params
 
     rows = []
     for p in PRESETS.values():
-        rows.append({"name": p.name, "params": count_params(p.model), "recipe": p.recipe,
+        if p.model.method == "baseline":  # the analytic count, without importing torch
+            params = baseline_params(p.model)
+        else:
+            from modbench.methods.build import count_params
+
+            params = count_params(p.model)
+        rows.append({"name": p.name, "params": params, "recipe": p.recipe,
                      "model": dataclasses.asdict(p.model), "train": dict(p.train), "note": p.note})
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    table = []
     for r in rows:
         m = r["model"]
-        typer.echo(f"{r['name']:<12} {r['params'] / 1e6:>9.2f}M  d={m['d_model']} "
-                   f"L={m['n_layers']} H={m['n_heads']}/{m['n_kv_heads']} ff={m['d_ff']} "
-                   f"V={m['vocab_size']} "
-                   f"T={m['max_seq_len']}  recipe={r['recipe']}")
+        table.append([r["name"], f"{r['params'] / 1e6:.2f}M", str(m["d_model"]),
+                      str(m["n_layers"]), f"{m['n_heads']}/{m['n_kv_heads']}", str(m["d_ff"]),
+                      str(m["vocab_size"]), str(m["max_seq_len"]), r["recipe"]])
+    _echo_table(["preset", "params", "d", "L", "H/KV", "ff", "V", "T", "recipe"], table,
+                right=(1, 2, 3, 4, 5, 6, 7))
 
 
 @app.command()
 def recipes(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON: every recipe key.")] = False,
 ) -> None:
     """List the training recipes (frozen across methods).
+
+    On a terminal a table fitted to its width; piped, one line per recipe (name, optimizer,
+    lr, betas, weight decay, clip, schedule, note).
 
     Example: modbench recipes --json
     """
@@ -104,10 +159,17 @@ def recipes(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    for r in rows:
-        typer.echo(f"{r['name']:<10} {r['optimizer']} lr={r['lr']:g} betas={tuple(r['betas'])} "
-                   f"wd={r['weight_decay']:g} clip={r['grad_clip']:g} {r['schedule']}")
-        typer.echo(f"{'':<10} {r['note']}")
+    settings = [(r["optimizer"], f"{r['lr']:g}", ",".join(f"{b:g}" for b in r["betas"]),
+                 f"{r['weight_decay']:g}", f"{r['grad_clip']:g}", r["schedule"]) for r in rows]
+    if _is_terminal():  # the settings in one wrapping column, so the note keeps some width
+        _echo_table(["recipe", "settings", "note"],
+                    [[r["name"], f"{o} lr={lr} betas={b} wd={wd} clip={c} {sched}", r["note"]]
+                     for r, (o, lr, b, wd, c, sched) in zip(rows, settings, strict=True)],
+                    fancy=True, wrap=(1, 2), ratios={1: 1, 2: 2})
+        return
+    _echo_table(["recipe", "optimizer", "lr", "betas", "wd", "clip", "schedule", "note"],
+                [[r["name"], *one, r["note"]] for r, one in zip(rows, settings, strict=True)],
+                fancy=False, right=(2, 4, 5))
 
 
 @app.command()
@@ -139,11 +201,10 @@ def flops(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"{'method':<28} {'params':>14} {'fwd FLOPs/tok':>14} {'train FLOPs/tok':>16} "
-               f"{'vs base':>8}")
-    for r in rows:
-        typer.echo(f"{r['method']:<28} {r['params']:>14,} {r['forward_flops_per_token']:>14.4g} "
-                   f"{r['train_flops_per_token']:>16.4g} {r['flops_ratio']:>8.4f}")
+    table = [[r["method"], f"{r['params']:,}", f"{r['forward_flops_per_token']:.4g}",
+              f"{r['train_flops_per_token']:.4g}", f"{r['flops_ratio']:.4f}"] for r in rows]
+    _echo_table(["method", "params", "fwd FLOPs/tok", "train FLOPs/tok", "vs base"], table,
+                right=(1, 2, 3, 4), wrap=(0,))
 
 
 @app.command()
@@ -227,29 +288,226 @@ def diagnose(
                f"({len(r['null_reasons'])} figures null, reasons in the JSON)")
 
 
+@app.command(name="remove-norm")
+def remove_norm(
+    source: Annotated[str, typer.Argument(
+        help="A modbench run folder (LayerNorm or RMSNorm) or a Hugging Face GPT-2 folder.")],
+    out: Annotated[str, typer.Option(help="New output folder.")],
+    steps: Annotated[int, typer.Option(
+        help="Fine-tuning steps; the published 300-step schedule is scaled to them.")] = 300,
+    batch_size: Annotated[int | None, typer.Option(
+        help="Sequences per step [default: the run's batch size; 8 for GPT-2].")] = None,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine to half of it).")]
+    = 6e-4,
+    aux_weight: Annotated[float, typer.Option(
+        help="Weight of the auxiliary loss evening out the final norm's statistic "
+             "(the paper's 0.1).")] = 0.0,
+    control: Annotated[bool, typer.Option(
+        help="Also fine-tune a copy with its norms for the same steps, to separate the "
+             "cost of removal from the effect of fine-tuning.")] = False,
+    diagnostics_batches: Annotated[int, typer.Option(
+        help="Validation batches for the diagnostics before and after (0: none).")] = 4,
+    data: Annotated[str | None, typer.Option(
+        help="GPT-2 only: a dataset from `modbench data prepare --tokenizer SOURCE` "
+             "[default: the built-in corpus with the folder's tokenizer].")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="GPT-2 only: row length of the re-tokenised built-in corpus [default: 128].")]
+    = None,
+    val_sequences: Annotated[int | None, typer.Option(
+        help="GPT-2 only: validation sequences [default: 64].")] = None,
+    device: Annotated[str, typer.Option(help="GPT-2 only: auto | cpu | cuda | cuda:N.")]
+    = "auto",
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Remove every normalization by fine-tuning (Heimersheim 2024; Baroni et al. 2025): each
+    norm's statistic is frozen to its moving average, layer by layer on the published
+    schedule, leaving fixed linear maps (folded into the weights). Writes the norm-free model,
+    remove_norm.json (validation loss before, after each stage, after) and the diagnostics of
+    both models (docs/remove_norm.md).
+
+    Example: modbench remove-norm runs/t --out runs/t-nonorm --steps 100
+    """
+    from pathlib import Path
+
+    from modbench.train.remove_norm import remove_norm as run_remove_norm
+
+    o = run_remove_norm(source, out, steps=steps, batch_size=batch_size, lr=lr,
+                        aux_weight=aux_weight, diagnostics_batches=diagnostics_batches,
+                        control=control, data=data, seq_len=seq_len,
+                        val_sequences=val_sequences, device=device, progress=progress)
+    if o.kind == "modbench" and diagnostics_batches > 0:
+        import json
+
+        from modbench.report.diagnostics import diagnostics_figures
+
+        for when in ("before", "after"):
+            folder = Path(out) / "diagnostics" / when
+            diagnostics_figures(json.loads((folder / "diagnostics.json").read_text()), folder)
+    v, c = o.report["validation"], o.report["check"]
+    typer.echo(f"source:     {source} ({o.kind}), {steps} fine-tuning steps")
+    typer.echo(f"validation: loss {v['before']:.4f} before, {v['after']:.4f} after "
+               f"({v['change']:+.4f}); exported {v['exported']:.4f}")
+    for st in v["stages"]:
+        typer.echo(f"  after {st['stage']:<8} (step {st['step']:>4}): {st['val_loss']:.4f}")
+    if "control_after" in v:
+        typer.echo(f"control:    {v['control_after']:.4f} with norms; removal costs "
+                   f"{v['removal_cost']:+.4f}")
+    typer.echo(f"norm-free:  {'yes' if c['normalization_free'] else 'NO'} "
+               f"({c['paths_checked']} norm paths, max linearity error "
+               f"{c['max_linearity_error']:.1e})")
+    typer.echo(f"wrote:      {out}")
+
+
 def run_cli(argv: list[str]) -> int:
-    """Run the CLI on ``argv``; user errors become one line on stderr and exit code 2."""
+    """Run the CLI on ``argv`` and return its exit code: 0 completed, 1 a study with failed
+    runs, 2 a usage or input error (one line on stderr), 3 a diverged or stalled single run,
+    130 interrupted."""
     exit_types, usage_types, abort_types = _click_exceptions()
     try:
-        app(args=argv, prog_name="modbench", standalone_mode=False)
+        command = typer.main.get_command(app)
+        tidy_help(command, escape_markup=app.rich_markup_mode == "rich")
+        # without standalone mode, click returns the code of a typer.Exit (or of an interrupt,
+        # 130) instead of raising it; the commands themselves return None
+        code = command.main(args=argv, prog_name="modbench", standalone_mode=False)
     except ModbenchError as e:
         typer.echo(f"error: {_one_line(str(e))}", err=True)
-        return 2
+        return EXIT_USAGE
     except exit_types as e:
         return int(e.exit_code)  # type: ignore[attr-defined]
     except usage_types as e:  # unknown command or option, missing argument, bad value
+        if type(e).__name__ == "NoArgsIsHelpError":  # `modbench data`: its help was printed
+            return EXIT_USAGE
         ctx = getattr(e, "ctx", None)
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
         msg = _one_line(str(e.format_message())).rstrip(".")  # type: ignore[attr-defined]
         typer.echo(f"error: {msg}{hint}", err=True)
-        return int(getattr(e, "exit_code", 2))
+        return int(getattr(e, "exit_code", EXIT_USAGE))
     except abort_types:
         typer.echo("aborted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        return 130
-    return 0
+        return EXIT_INTERRUPTED
+    return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK
+
+
+# ------------------------------------------------------------------------------ help text
+
+# rich markup tags, as rich.markup.escape finds them: "[default: x]" in a help text would
+# otherwise be read as a style and vanish, leaving a stray space before the full stop
+_MARKUP_TAG = re.compile(r"(\\*)(\[[a-z#/@][^\[]*?])")
+
+
+def tidy_help(command: Any, *, escape_markup: bool) -> None:
+    """Rewrite the help texts of ``command`` and its subcommands in place so that they wrap on
+    word boundaries: the lines of each paragraph (blank-line separated) joined into one, so the
+    terminal's width decides where lines break, not the docstring's; a paragraph that starts
+    with ``\\b`` is kept as written. ``escape_markup``: escape square brackets that rich would
+    read as markup."""
+    for cmd in _walk(command):
+        for attr in ("help", "short_help"):
+            text = getattr(cmd, attr, None)
+            if text:
+                setattr(cmd, attr, _tidy_text(text, escape_markup))
+        for param in getattr(cmd, "params", []):
+            text = getattr(param, "help", None)
+            if text:
+                param.help = _tidy_text(text, escape_markup)
+
+
+def _walk(command: Any) -> list[Any]:
+    out = [command]
+    for sub in getattr(command, "commands", {}).values():
+        out.extend(_walk(sub))
+    return out
+
+
+def _tidy_text(text: str, escape_markup: bool) -> str:
+    import inspect
+
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        if not para.startswith("\b"):
+            para = " ".join(line.strip() for line in para.splitlines() if line.strip())
+        paragraphs.append(para)
+    out = "\n\n".join(paragraphs)
+    if escape_markup:
+        out = _MARKUP_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", out)
+    return out
+
+
+# ------------------------------------------------------------------------------ listings
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _echo_table(headers: list[str], rows: list[list[str]], *, fancy: bool | None = None,
+                right: tuple[int, ...] = (), wrap: tuple[int, ...] = (),
+                ratios: dict[int, int] | None = None) -> None:
+    """Print a listing: on a terminal (``fancy``) a rich table fitted to its width, the
+    ``wrap`` columns wrapping on word boundaries; otherwise :func:`plain_table`."""
+    fancy = _is_terminal() if fancy is None else fancy
+    if fancy:
+        from rich.console import Console
+
+        Console(soft_wrap=False).print(
+            rich_table(headers, rows, right=right, wrap=wrap, ratios=ratios))
+    else:
+        typer.echo(plain_table(headers, rows, right=right))
+
+
+def rich_table(headers: list[str], rows: list[list[str]], *, right: tuple[int, ...] = (),
+               wrap: tuple[int, ...] = (), ratios: dict[int, int] | None = None) -> Any:
+    """A rich ``Table`` of ``rows`` (cells as plain text, never markup): columns not in
+    ``wrap`` are never wrapped (a long name keeps its column straight); the ``wrap`` columns
+    share the width left in proportion to ``ratios`` (equal shares by default)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="right" if i in right else "left", no_wrap=i not in wrap,
+                         overflow="fold", ratio=(ratios or {}).get(i, 1) if i in wrap else None)
+    for r in rows:
+        table.add_row(*(Text(c) for c in r))
+    return table
+
+
+def render_table(headers: list[str], rows: list[list[str]], *, width: int,
+                 right: tuple[int, ...] = (), wrap: tuple[int, ...] = (),
+                 ratios: dict[int, int] | None = None) -> str:
+    """:func:`rich_table` as plain text ``width`` columns wide (what a terminal shows)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False,
+            soft_wrap=False).print(rich_table(headers, rows, right=right, wrap=wrap,
+                                              ratios=ratios))
+    return buf.getvalue()
+
+
+def plain_table(headers: list[str], rows: list[list[str]], *,
+                right: tuple[int, ...] = ()) -> str:
+    """A header line and one line per row, columns aligned to their widest cell and two
+    spaces apart, nothing wrapped or cut: for scripts and pipes (``--json`` is exact). Further
+    lines of the last column's cell follow on lines of their own, indented to that column."""
+    lines = [headers, *rows]
+    last = len(headers) - 1
+    widths = [max(len(r[i]) for r in lines) for i in range(last)]
+    indent = sum(widths) + 2 * last
+    out = []
+    for r in lines:
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths, strict=False))]
+        first, *more = r[last].split("\n")
+        out.append("  ".join([*cells, first]).rstrip())
+        out.extend(" " * indent + line for line in more)
+    return "\n".join(out)
 
 
 def _one_line(message: str) -> str:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from modbench.config import ModelConfig
-from modbench.methods import parse_methods
+
+if TYPE_CHECKING:  # imported where used: `modbench presets` counts parameters without torch
+    import torch
 
 
 def baseline_params(cfg: ModelConfig) -> int:
@@ -78,6 +78,8 @@ class FlopReport:
 def flop_report(cfg: ModelConfig, seq_len: int | None = None) -> FlopReport:
     """Analytic report for ``cfg`` (its ``method`` string included) at ``seq_len`` tokens
     per sequence (default ``cfg.max_seq_len``)."""
+    from modbench.methods import parse_methods
+
     t = cfg.max_seq_len if seq_len is None else seq_len
     methods = parse_methods(cfg.method)
     base_cfg = copy.deepcopy(cfg)
@@ -99,6 +101,7 @@ def flop_report(cfg: ModelConfig, seq_len: int | None = None) -> FlopReport:
 
 def _cpu_flash_mapping() -> dict[Any, Any]:
     """FLOP formulas for the CPU flash-attention ops (unknown to FlopCounterMode)."""
+    import torch
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     aten = torch.ops.aten
@@ -124,6 +127,7 @@ def measure_flops(model: torch.nn.Module, seq_len: int, *, train: bool = False,
                   batch: int = 1) -> float:
     """FLOPs per token counted by ``FlopCounterMode`` for one forward (``train=False``) or
     one forward and backward pass (``train=True``) on random tokens."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from modbench.runtime.loss import lm_loss

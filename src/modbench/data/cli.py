@@ -13,9 +13,12 @@ from typing import Annotated
 
 import typer
 
-from modbench.data.dataset import open_dataset
-from modbench.data.prepare import DEFAULT_SHARD_SEQUENCES, TOKENIZER_FILE
-from modbench.data.recipes import RECIPES, prepare_recipe, train_recipe_tokenizer
+# Only typer and the standard library at module level: `modbench --help` and argument errors
+# answer without importing numpy, tokenizers or torch; each command imports what it runs.
+
+# modbench.data.prepare.DEFAULT_SHARD_SEQUENCES, shown in --help without importing it (a test
+# holds the two equal)
+SHARD_SEQUENCES_DEFAULT = 32768
 
 data_app = typer.Typer(
     help=(
@@ -35,7 +38,7 @@ def prepare_cmd(
         str | None,
         typer.Option(
             "--source",
-            help="A .txt/.jsonl/.json(.gz)/.parquet file, a directory of them, or "
+            help="A .txt, .jsonl, .json(.gz) or .parquet file, a directory of them, or "
             "hf:NAME[:CONFIG] (default: the recipe's).",
         ),
     ] = None,
@@ -103,7 +106,7 @@ def prepare_cmd(
     ] = 1,
     shard_sequences: Annotated[
         int, typer.Option("--shard-sequences", help="Rows per shard file.")
-    ] = DEFAULT_SHARD_SEQUENCES,
+    ] = SHARD_SEQUENCES_DEFAULT,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
     ] = True,
@@ -118,6 +121,8 @@ def prepare_cmd(
 
     Example: modbench data prepare --recipe climbmix --tokenizer data/climbmix-tokenizer --max-tokens 23.28B --workers 8 --out data/climbmix-1.2b
     """  # noqa: E501
+    from modbench.data.recipes import prepare_recipe
+
     meta = prepare_recipe(
         recipe, out, source=source, tokenizer=tokenizer, vocab_size=vocab_size,
         seq_len=seq_len, val_fraction=val_fraction, text_field=text_field, split=split,
@@ -186,6 +191,9 @@ def train_tokenizer_cmd(
 
     Example: modbench data train-tokenizer --source ./texts --vocab-size 8192 --max-chars 50M --out data/tok8k
     """  # noqa: E501
+    from modbench.data.prepare import TOKENIZER_FILE
+    from modbench.data.recipes import train_recipe_tokenizer
+
     info = train_recipe_tokenizer(
         recipe, out, source=source, vocab_size=vocab_size, max_chars=max_chars,
         val_fraction=val_fraction, text_field=text_field, split=split, data_files=data_files,
@@ -207,11 +215,14 @@ def recipes_cmd(
 
     Example: modbench data recipes --json
     """
+    from modbench.data.recipes import RECIPES
+
     if as_json:
         typer.echo(json.dumps({n: asdict(r) for n, r in RECIPES.items()}, indent=2))
         return
+    width = max((len(n) for n in RECIPES), default=0)
     for r in RECIPES.values():
-        typer.echo(f"{r.name:<10} {r.summary}")
+        typer.echo(f"{r.name:<{width}}  {r.summary}")
 
 
 @data_app.command("info")
@@ -223,6 +234,8 @@ def info_cmd(
 
     Example: modbench data info data/mytexts --json
     """
+    from modbench.data.dataset import open_dataset
+
     ds = open_dataset(path, verify=False)
     if as_json:
         typer.echo(json.dumps(ds.meta, indent=2))
@@ -238,6 +251,8 @@ def verify_cmd(
 
     Example: modbench data verify data/mytexts
     """
+    from modbench.data.dataset import open_dataset
+
     ds = open_dataset(path, verify=False)
     checked = ds.verify()
     typer.echo(f"ok: {len(checked)} files in {path} match their sha256 checksums")

@@ -133,7 +133,7 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 
 REGISTRY: dict[str, type[Method]] = {}
-NOT_METHODS = ("base", "build")  # modules of this package that define no method
+NOT_METHODS = ("base", "build", "catalog")  # modules of this package that define no method
 _loaded = False
 
 

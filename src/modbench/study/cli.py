@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.",
+study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.\n\n"
+                        "Example: modbench study run builtin-cpu --out studies/builtin-cpu",
                         no_args_is_help=True)
 
 
@@ -161,6 +162,8 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
     counts = group_rows(rows)
     typer.echo(f"{folder}: {len(rows)} runs — " + ", ".join(
         f"{v} {k}" for k, v in sorted(counts.items())))
+    scale_w = max((len(r["scale"]) for r in rows), default=0)
+    method_w = max((len(r["method"]) for r in rows), default=0)
     for r in rows:
         s = r["summary"] or {}
         loss = s.get("final_val_loss")
@@ -171,8 +174,8 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
             extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
         if r["state"] == "interrupted":
             extra = "its worker is gone; run `modbench study run` again to resume it"
-        typer.echo(f"  {r['scale']:<12} {r['method']:<28} s{r['seed']:<4} "
-                   f"{(r['status'] or r['state']):<10} {extra}")
+        typer.echo(f"  {r['scale']:<{scale_w}}  {r['method']:<{method_w}}  s{r['seed']:<4} "
+                   f"{(r['status'] or r['state']):<10} {extra}".rstrip())
 
 
 @study_app.command("report")
@@ -216,6 +219,7 @@ def list_specs() -> None:
     """
     from modbench.study.spec import builtin_specs, load_spec
 
-    for name in sorted(builtin_specs()):
-        s = load_spec(name)
-        typer.echo(f"{name:<24} {s.description}")
+    names = sorted(builtin_specs())
+    width = max((len(n) for n in names), default=0)
+    for name in names:
+        typer.echo(f"{name:<{width}}  {load_spec(name).description}")

@@ -1,5 +1,12 @@
 """The ``modbench train`` command; also ``python -m modbench.train`` (the same arguments),
-which is what each process of a torchrun group runs."""
+which is what each process of a torchrun group runs.
+
+Exit codes: 0 every run completed; 2 a usage or input error (one line on stderr, no run
+folder); 3 a run ended ``diverged`` or ``stalled`` (its folder and summary are written all
+the same), so a shell script or a scheduler can tell it from success. A process inside a
+torchrun group exits 0 for a diverged run (torchrun would report a non-zero exit as a crash of
+the group); the command that started the group (``modbench train --nproc N``) exits 3.
+"""
 
 from __future__ import annotations
 
@@ -13,25 +20,29 @@ import typer
 
 from modbench.errors import ModbenchError
 
+EXIT_DIVERGED = 3  # a run's status is one of UNSUCCESSFUL (the CLI's exit codes: docs/cli.md)
+UNSUCCESSFUL = ("diverged", "stalled")
+
 
 def train_command(
     preset: Annotated[str | None, typer.Option(
         help="Model/training preset (`modbench presets`) [default: cpu-small].")] = None,
     method: Annotated[str | None, typer.Option(
-        help="Method string: names joined by '+', options in parentheses "
-             "[default: baseline].")] = None,
+        help="Method string: names joined by '+', options in parentheses (`modbench "
+             "methods`) [default: baseline].")] = None,
     seed: Annotated[int | None, typer.Option(
         help="Init seed; the data order never depends on it [default: 0].")] = None,
     seeds: Annotated[str | None, typer.Option(
         help="Several init seeds, comma-separated (e.g. 0,1,2): trained stacked in one "
              "process on the same batches, one run folder each (OUT/s<seed>); a method that "
              "cannot stack trains them one at a time.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps (preset default).")] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="Optimizer steps [default: the preset's].")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="Run folder (default: runs/<preset>-<method>-s<seed>-<time>; with --seeds the "
-             "parent of one folder per seed).")] = None,
+        help="Run folder; with --seeds the parent of one folder per seed [default: a new "
+             "folder under runs/ named after the preset, method, seed and time].")] = None,
     recipe: Annotated[str | None, typer.Option(
-        help="Recipe (`modbench recipes`; default: the preset's).")] = None,
+        help="Recipe (`modbench recipes`) [default: the preset's].")] = None,
     config: Annotated[Path | None, typer.Option(
         help="YAML file with any subset of the config keys.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
@@ -41,7 +52,8 @@ def train_command(
              "starting point; other options must agree with it). The checkpoint may come "
              "from any number of processes.")] = False,
     set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Dotted override key=value, repeatable (e.g. recipe.lr=1e-3).")] = None,
+        "--set", metavar="KEY=VALUE",
+        help="Dotted override, repeatable (e.g. recipe.lr=1e-3; docs/config.md).")] = None,
     nproc: Annotated[int | None, typer.Option(
         help="Train with N processes on this node (torchrun; one per GPU on CUDA, gloo on "
              "the CPU): DDP, or FSDP with --set train.parallel=fsdp. train.batch_size is the "
@@ -52,7 +64,10 @@ def train_command(
     """Train one model and write config.yaml, metrics.jsonl and summary.json to its folder.
 
     With no arguments: the baseline `cpu-small` model on the built-in corpus (a few minutes
-    on 2 CPU cores).
+    on 2 idle CPU cores).
+
+    Exit code 0 when the run completed, 3 when it diverged or stalled (its folder is written
+    all the same), 2 for a usage or input error (nothing written).
 
     Example: modbench train --preset tiny --method post_ln+qknorm --seed 1 --steps 50 --out runs/t
     """
@@ -87,12 +102,16 @@ def train_command(
         which = f"s{cfg.seed}" if not seed_list else "seeds" + "_".join(map(str, seed_list))
         out = Path("runs") / f"{cfg.preset}-{safe}-{which}-{time.strftime('%Y%m%d-%H%M%S')}"
     if nproc is not None and nproc > 1:
-        _print_summary(launch(cfg, out, nproc, resume=resume, progress=progress), out)
+        summary = launch(cfg, out, nproc, resume=resume, progress=progress)
+        _print_summary(summary, out)
+        _exit_for([summary])
         return
     if not seed_list:
         summary = run_train(cfg, out, resume=resume, progress=progress)
         if int(os.environ.get("RANK") or 0) == 0:  # one summary from a torchrun group
             _print_summary(summary, out)
+        if int(os.environ.get("WORLD_SIZE") or 1) == 1:  # a group member exits 0 (docstring)
+            _exit_for([summary])
         return
     p = plan(cfg.model)
     if p.stackable:
@@ -108,6 +127,13 @@ def train_command(
             summaries.append(run_train(one, out / f"s{s}", resume=resume, progress=progress))
     for s, summary in zip(seed_list, summaries, strict=True):
         _print_summary(summary, out / f"s{s}")
+    _exit_for(summaries)
+
+
+def _exit_for(summaries: list[dict[str, Any]]) -> None:
+    """Exit with :data:`EXIT_DIVERGED` when any run diverged or stalled."""
+    if any(s.get("status") in UNSUCCESSFUL for s in summaries):
+        raise typer.Exit(EXIT_DIVERGED)
 
 
 def _seed_list(seeds: str | None, seed: int | None) -> list[int]:
@@ -128,8 +154,8 @@ def _seed_list(seeds: str | None, seed: int | None) -> list[int]:
 
 def _print_summary(s: dict[str, Any], out: Path) -> None:
     typer.echo(f"run:     {out}")
-    typer.echo(f"status:  {s['status']}" + (
-        f" at step {s['diverged_at_step']}" if s["status"] == "diverged" else ""))
+    at = s.get(f"{s['status']}_at_step")  # diverged_at_step (and stalled_at_step, if kept)
+    typer.echo(f"status:  {s['status']}" + (f" at step {at}" if at is not None else ""))
     if s["final_val_loss"] is not None:
         typer.echo(f"val:     loss {s['initial_val_loss']:.3f} -> {s['final_val_loss']:.3f} "
                    f"(ppl {s['val_ppl']:.1f})")
@@ -141,12 +167,13 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m modbench.train ARGS``: ``modbench train ARGS`` in this process (under
-    torchrun: one process of the group). A user error is one line on stderr, exit code 2."""
+    torchrun: one process of the group). A user error is one line on stderr, exit code 2; a
+    diverged or stalled run exits 3 (outside a torchrun group)."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
-    try:
-        app(args=sys.argv[1:] if argv is None else argv, prog_name="python -m modbench.train",
-            standalone_mode=False)
+    try:  # without standalone mode, click returns the code of an Exit (a diverged run's 3)
+        code = app(args=sys.argv[1:] if argv is None else argv,
+                   prog_name="python -m modbench.train", standalone_mode=False)
     except ModbenchError as e:
         line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
         print(f"error: {line}", file=sys.stderr, flush=True)
@@ -163,4 +190,4 @@ def main(argv: list[str] | None = None) -> int:
             show()
             return int(e.exit_code)
         raise
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
