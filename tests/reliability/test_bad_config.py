@@ -78,11 +78,19 @@ POOLS: dict[str, list[Any]] = {
     "train.checkpoint_every": [0, 1, -1],
     "train.log_every": [0, 1, 2, -1],
     "train.device": ["auto", "cpu", "cuda", "cuda:0", "gpu", "", "cpu:0"],
-    "train.compile": [False, "yes", 1, None],  # true is valid but compiles for minutes
+    # true (and YAML's yes) is valid but compiles for minutes; auto is eager on the CPU
+    "train.compile": [False, "auto", "always", 1, None],
     "train.threads": [0, 1, -1],
     "train.init_from": [None, "/nonexistent/run", 5, "", ["a"]],
     "train.parallel": ["ddp", "fsdp", "zero", "", 1],
     "train.activation_checkpointing": [False, True, "yes", None],
+    "train.log_layers": [False, True, "yes", None],
+    "train.log_layers_every": [0, 2, -1, 1.5],
+    # a real tracker would write or log in; these are refused before that, or are empty
+    "train.trackers": [[], ["nope"], ["tensorboard", "tensorboard"], 3, "[x"],
+    "train.stall_margin": [0.1, 0, -0.1, ".nan", "x"],
+    "train.stall_patience": [0.5, 0, 1, 1.5, -0.5],
+    "train.stall_min_steps": [100, 0, -1, 1.5],
     "data.source": ["builtin", "/nonexistent/data", "", 3],
     "data.data_seed": [0, 1234, -1, 2**64, "x"],
     "data.verify": [True, False, "no"],
@@ -228,7 +236,7 @@ def outcome(argv: list[str], out: Path, kind: str = "case") -> tuple[int, str]:
         torch.set_num_threads(threads)
     err = stderr.getvalue()
     assert "Traceback" not in err + stdout.getvalue(), err
-    assert code in (0, 2), (code, err)
+    assert code in (0, 2, 3), (code, err)  # 3: the run diverged (checked below)
     if code == 2:
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -236,7 +244,9 @@ def outcome(argv: list[str], out: Path, kind: str = "case") -> tuple[int, str]:
         OUTCOMES[f"{kind} refused"] += 1
         return code, lines[0]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] in ("completed", "diverged")
+    assert summary["status"] in ("completed", "diverged", "stalled")
+    assert code == (3 if summary["status"] in ("diverged", "stalled") else 0), (
+        code, summary["status"])
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
     assert (out / "config.yaml").is_file()

@@ -80,7 +80,7 @@ def test_report_files_and_numbers(study: Path, capsys: pytest.CaptureFixture[str
     assert cells[13].endswith(" †")  # the verdict, marked: fewer seeds than the baseline
     header = next(line for line in md.splitlines() if line.startswith("| method |"))
     assert "| seeds | steps | tokens |" in header and "| test | t (df) | p |" in header
-    assert "No run diverged." in md
+    assert "No run diverged or stalled." in md
     # the warnings come first: 1-seed methods, 6 steps (few tokens per parameter)
     head = md.split("## Methods against the baseline")[0]
     assert head.index("## Warnings") < head.index("Verdict rule")

@@ -16,8 +16,10 @@ from typing import Any, Final
 
 from modbench.analysis.stats import compare
 from modbench.runtime.runfolder import PROBES
+from modbench.runtime.stall import judge_run_folder
 
-Table = dict[str, dict[int, float | None]]  # method -> seed -> metric value (None: diverged)
+# method -> seed -> metric value (None: a failed run, diverged or stalled)
+Table = dict[str, dict[int, float | None]]
 
 
 @dataclass
@@ -44,12 +46,34 @@ class RunRow:
     # sha256 chained over every batch the run saw (summary.batches_sha256; None: not recorded)
     batches_sha256: str | None = None
     initial_val_loss: float | None = None  # validation loss before training
+    stalled_at_step: int | None = None  # status stalled: the step it stayed stalled from
+    unigram_loss: float | None = None  # the unigram level of its validation loss (nats)
+    unigram_entropy: float | None = None  # entropy of its training tokens (nats)
+    # True when the stall rule was applied by this reader (a summary written before the rule
+    # existed: modbench.runtime.stall.judge_run_folder), not by the trainer
+    stall_rederived: bool = False
 
     @classmethod
     def from_record(cls, record: dict[str, Any], run_dir: Path | None = None) -> RunRow:
         """A row from a plain store-row dict (``Store.rows()``: key, scale, method, seed,
-        state, status and the parsed ``summary`` and ``eval`` JSON, either may be None)."""
-        s = record.get("summary") or {}
+        state, status and the parsed ``summary`` and ``eval`` JSON, either may be None).
+
+        A completed run whose summary predates stall detection (no ``stalled_at_step``) is
+        judged here from its run folder (:func:`~modbench.runtime.stall.judge_run_folder`), so
+        old and new runs of a store get one rule; where that is impossible (no folder, its data
+        gone) it stays completed."""
+        s = dict(record.get("summary") or {})
+        status = record.get("status")
+        rederived = False
+        if (status == "completed" and record.get("state") == "done" and run_dir is not None
+                and s and "stalled_at_step" not in s):
+            check = judge_run_folder(run_dir)
+            if check is not None:
+                s.update(stalled_at_step=check.stalled_at,
+                         unigram_loss=check.level.val_loss if check.level else None,
+                         unigram_entropy=check.level.entropy if check.level else None)
+                status, rederived = ("stalled" if check.stalled_at is not None
+                                     else status), True
         ev = record.get("eval") or {}
         tasks, items = {}, {}
         for name, t in (ev.get("tasks") or {}).items():
@@ -60,21 +84,33 @@ class RunRow:
                                for i in t.get("items", [])]
         return cls(
             key=record["key"], scale=record["scale"], method=record["method"],
-            seed=int(record["seed"]), state=record["state"], status=record.get("status"),
+            seed=int(record["seed"]), state=record["state"], status=status,
             val_loss=s.get("final_val_loss"), params=s.get("params"), tokens=s.get("tokens"),
             diverged_at_step=s.get("diverged_at_step"),
             last_grad_norms=s.get("last_grad_norms") or [], tasks=tasks, task_items=items,
             climb_avg=ev.get("climb_avg"), run_dir=run_dir, steps=s.get("steps"),
             steps_planned=s.get("steps_planned"), batches_sha256=s.get("batches_sha256"),
-            initial_val_loss=s.get("initial_val_loss"))
+            initial_val_loss=s.get("initial_val_loss"),
+            stalled_at_step=s.get("stalled_at_step"), unigram_loss=s.get("unigram_loss"),
+            unigram_entropy=s.get("unigram_entropy"), stall_rederived=rederived)
 
     @property
     def diverged(self) -> bool:
         return self.status == "diverged"
 
+    @property
+    def stalled(self) -> bool:
+        return self.status == "stalled"
+
+    @property
+    def failed(self) -> bool:
+        """A run that diverged or stalled: an outcome, not an ordinary value."""
+        return self.diverged or self.stalled
+
     def metric(self, name: str) -> float | None:
-        """The value of a study metric: ``val_loss``, ``probe_avg``, ``climb_avg`` or a task."""
-        if self.diverged:
+        """The value of a study metric: ``val_loss``, ``probe_avg``, ``climb_avg`` or a task;
+        None for a failed run (diverged or stalled), whose numbers are not values to average."""
+        if self.failed:
             return None
         if name == "val_loss":
             return self.val_loss
@@ -107,8 +143,9 @@ def default_metric(primary: str | None, tasks: list[str] | None) -> str:
 
 def metric_table(rows: list[RunRow], scale: str, metric: str, baseline: str) -> Table:
     """``{method: {seed: value}}`` of ``metric`` over the finished (state ``done``) runs at
-    ``scale``; a diverged run's value is None. The baseline comes first, then the methods in
-    name order, each with its seeds in order (the order of :func:`compare`'s results)."""
+    ``scale``; a failed run's value (diverged or stalled) is None. The baseline comes first,
+    then the methods in name order, each with its seeds in order (the order of
+    :func:`compare`'s results)."""
     here = [r for r in rows if r.scale == scale and r.state == "done"]
     table: Table = {}
     for r in sorted(here, key=lambda r: (r.method != baseline, r.method, r.seed)):
@@ -120,15 +157,20 @@ def compare_scales(rows: list[RunRow], baseline: str, metric: str,
                    anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Per scale (in name order), :func:`modbench.analysis.stats.compare` over the methods'
     seeds (verdict rule: :data:`CORRECTION`, :data:`ALPHA`, :data:`FLOOR_SIGMAS`), as plain
-    dicts; a scale without a finished baseline run is left out."""
+    dicts; a scale without a finished baseline run is left out. Stalled runs are failures
+    (``None`` in the table, counted in ``compare``'s ``stalled``), like diverged ones."""
     out: dict[str, list[dict[str, Any]]] = {}
     for scale in sorted({r.scale for r in rows}):
         table = metric_table(rows, scale, metric, baseline)
         if baseline not in table:
             continue
+        stalled: dict[str, int] = {}
+        for r in rows:
+            if r.scale == scale and r.state == "done" and r.stalled:
+                stalled[r.method] = stalled.get(r.method, 0) + 1
         res = compare(table, baseline, higher_is_better=higher_is_better(metric),
                       references=[a for a in anchors if a in table], alpha=ALPHA,
-                      correction=CORRECTION, floor_sigmas=FLOOR_SIGMAS)
+                      correction=CORRECTION, floor_sigmas=FLOOR_SIGMAS, stalled=stalled)
         out[scale] = [x.to_dict() for x in res]
     return out
 
@@ -142,7 +184,8 @@ class MethodFlops:
     flops_ratio: float
 
 
-DECIDED = ("improver", "degrader", "diverged")  # verdicts that settle a method's effect
+# verdicts that settle a method's effect (diverged and stalled: failures)
+DECIDED = ("improver", "degrader", "diverged", "stalled")
 
 
 @dataclass(frozen=True)
@@ -150,7 +193,7 @@ class ClaimRow:
     """One method's verdict at one scale against the verdicts a published claim predicts.
 
     ``outcome``: ``agrees`` (the verdict is one the claim predicts), ``contradicts`` (a
-    decided verdict, improver / degrader / diverged, the claim does not predict) or
+    decided verdict, improver / degrader / diverged / stalled, the claim does not predict) or
     ``not shown`` (within noise or undetermined where the claim predicts an effect: this
     study could not tell), ``not run`` (no finished runs)."""
 

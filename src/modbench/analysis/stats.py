@@ -10,10 +10,14 @@ I/O. ``docs/statistics.md`` states every rule; the short version:
   ``delta`` is always the raw ``mean(method) - mean(baseline)`` in metric units;
   ``improvement`` is ``delta`` signed so that positive = better, and ``z`` and ``t`` have the
   same sign.
-* **Divergence.** ``None``, NaN or ±inf in place of a score (or ``None`` in place of a whole
-  method) is a diverged run: a result, not an error. A method with any diverged seed gets the
-  verdict ``diverged``; its other statistics are computed on its finite seeds for information,
-  but it is left out of the multiple-comparison family.
+* **Failures: divergence and stalls.** ``None``, NaN or ±inf in place of a score (or ``None``
+  in place of a whole method) is a failed run: a result, not an error. A failed run diverged
+  unless ``compare``'s ``stalled`` counts it as stalled (a run that ended at the unigram level
+  with finite losses, ``modbench.runtime.stall``): its score is not an ordinary value either,
+  so the caller passes it as ``None`` too. A method with any diverged seed gets the verdict
+  ``diverged``; otherwise one with any stalled seed gets ``stalled``. Either way its other
+  statistics are computed on its remaining finite seeds for information, but it is left out
+  of the multiple-comparison family and never asked for more seeds (``undecided``).
 * **Noise floor.** ``sigma`` is the unbiased (ddof=1) std of the baseline's seeds
   (``"baseline"``, the seed study's choice, ``n_b - 1`` degrees of freedom), or the pooled std
   of the baseline and the reference configurations (``"pooled"``), or the largest of their
@@ -115,8 +119,8 @@ __all__ = [
 
 Score: TypeAlias = float | None
 #: One configuration's per-seed scores: a list (seeds unlabeled), a ``{seed: score}`` mapping
-#: (seeds labeled: allows pairing), or ``None`` when the configuration diverged. ``None`` / NaN
-#: / ±inf entries are diverged seeds.
+#: (seeds labeled: allows pairing), or ``None`` when the configuration failed. ``None`` / NaN
+#: / ±inf entries are failed seeds: diverged, or stalled where ``compare``'s ``stalled`` says so.
 Scores: TypeAlias = Sequence[Score] | Mapping[Any, Score] | npt.ArrayLike | None
 SigmaSource: TypeAlias = Literal["baseline", "pooled", "max"]
 Correction: TypeAlias = Literal["bonferroni", "holm", "bh", "none"]
@@ -137,6 +141,7 @@ class Verdict(StrEnum):
     WITHIN_NOISE = "within_noise"
     DEGRADER = "degrader"
     DIVERGED = "diverged"
+    STALLED = "stalled"
     UNDETERMINED = "undetermined"
 
 
@@ -755,10 +760,11 @@ def decide(
     alpha: float = 0.05,
     floor_sigmas: float = 1.0,
     diverged: bool = False,
+    stalled: bool = False,
 ) -> Verdict:
     """The verdict rule, in order:
 
-    1. ``diverged`` → DIVERGED;
+    1. ``diverged`` → DIVERGED; else ``stalled`` → STALLED (failures, whatever the scores);
     2. improvement, p or sigma not finite (no noise floor, no finite score) → UNDETERMINED;
     3. ``p_adjusted <= alpha`` and ``|improvement| > floor_sigmas * sigma`` → IMPROVER if the
        improvement is positive, DEGRADER if negative;
@@ -766,6 +772,8 @@ def decide(
     """
     if diverged:
         return Verdict.DIVERGED
+    if stalled:
+        return Verdict.STALLED
     if not (math.isfinite(improvement) and math.isfinite(sigma)) or math.isnan(p_adjusted):
         return Verdict.UNDETERMINED
     if p_adjusted <= alpha and abs(improvement) > floor_sigmas * sigma:
@@ -843,7 +851,8 @@ def undecided(
 ) -> list[SeedRequest]:
     """Which configurations need more seeds before their verdict is settled.
 
-    Each non-baseline, non-diverged method with n finite seeds gets the interval
+    Each non-baseline method without a failed seed (``None``: diverged or stalled) with n
+    finite seeds gets the interval
     ``improvement ± q * sigma * sqrt(1/n + 1/n_b)`` with ``q`` the Student-t quantile
     ``t^-1((1 + confidence) / 2)`` with the floor's degrees of freedom (``n_b - 1`` for the
     baseline's sigma): the uncertainty of its difference from the baseline's mean when sigma is
@@ -853,8 +862,8 @@ def undecided(
     (its ``n``, the floor's ``n`` and ``df``; ``n_tests`` = the number of non-baseline,
     non-diverged methods), so it shrinks as seeds are added; it is in metric units, like the
     improvement. If the floor is undefined, only the baseline is returned (reason
-    ``"no_floor"``). Diverged methods are never returned (a divergence is a result). Order: the
-    table's.
+    ``"no_floor"``). Methods with a failed seed are never returned (a divergence or a stall is
+    a result). Order: the table's.
     """
     names = [m for m in table if m != baseline]
     cap = max_seeds if max_seeds is not None else math.inf
@@ -899,7 +908,7 @@ class MethodResult:
     method: str
     is_baseline: bool
     n: int  # finite seeds
-    n_diverged: int
+    n_diverged: int  # failed seeds that diverged (n_stalled: those that stalled)
     fewer_seeds: bool  # n < the baseline's finite seeds (its verdict rests on less)
     mean: float
     std: float  # ddof=1, NaN with < 2 seeds
@@ -919,6 +928,7 @@ class MethodResult:
     welch: WelchResult | None
     verdict: Verdict
     floor: NoiseFloor
+    n_stalled: int = 0  # failed seeds that stalled (compare's ``stalled``)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python dict (verdict as its string; NaN / inf kept as floats)."""
@@ -990,20 +1000,23 @@ def compare(
     seed: int = 0,
     paired: bool | None = None,
     diverged: Collection[str] = (),
+    stalled: Mapping[str, int] | None = None,
 ) -> list[MethodResult]:
     """Compare every method of ``table`` (``{name: per-seed scores or None}``) with ``baseline``.
 
     Returns one :class:`MethodResult` per entry, in the table's order, baseline included (its
     delta, improvement and z are 0, its test ``"none"`` with t, df and p NaN, its verdict
-    ``baseline`` unless it diverged). ``references`` names table entries whose seeds join the
+    ``baseline`` unless it failed). ``references`` names table entries whose seeds join the
     baseline's for ``sigma="pooled"|"max"``. ``diverged`` flags extra methods as diverged even
-    if they have scores. Each other method gets the test its finite seeds call for
+    if they have scores. ``stalled`` says how many of a method's failed (``None``) seeds
+    stalled rather than diverged; a method with a stalled seed and none diverged gets the
+    verdict ``stalled``. Each other method gets the test its finite seeds call for
     (:func:`method_test`: the prediction test for one seed, Welch's t for two or more); ``p``
     is that test's two-sided p and ``welch`` the Welch result whenever both sides have >= 2
-    finite seeds. The correction family is the non-baseline, non-diverged methods with a finite
-    p; ``correction`` (default Holm) picks which adjusted p the verdict uses (see
-    :func:`decide`); all three are computed. An empty table gives []; a non-empty table
-    without ``baseline`` raises KeyError.
+    finite seeds. The correction family is the non-baseline methods without a failed seed
+    (diverged or stalled) with a finite p; ``correction`` (default Holm) picks which adjusted
+    p the verdict uses (see :func:`decide`); all three are computed. An empty table gives [];
+    a non-empty table without ``baseline`` raises KeyError.
     """
     if not table:
         return []
@@ -1018,7 +1031,13 @@ def compare(
         sigma=sigma,
     )
     groups = {m: _group(s) for m, s in table.items()}
-    is_div = {m: g.n_diverged > 0 or m in diverged for m, g in groups.items()}
+    n_stalled = {m: int((stalled or {}).get(m, 0)) for m in table}
+    for m, k in n_stalled.items():
+        if not 0 <= k <= groups[m].n_diverged:
+            raise ValueError(f"stalled[{m!r}] = {k}, but {m!r} has {groups[m].n_diverged} "
+                             "failed (None) seeds; give a stalled seed's score as None")
+    is_div = {m: g.n_diverged > n_stalled[m] or m in diverged for m, g in groups.items()}
+    failed = {m: is_div[m] or n_stalled[m] > 0 for m in table}
     base = groups[baseline]
     no_test = MethodTest("none", _NAN, _NAN, _NAN)
 
@@ -1041,7 +1060,7 @@ def compare(
             "boot": boot, "welch": test.welch,  # >= 2 seeds on both sides
         }
 
-    family = [m for m in table if m != baseline and not is_div[m] and math.isfinite(rows[m]["p"])]
+    family = [m for m in table if m != baseline and not failed[m] and math.isfinite(rows[m]["p"])]
     adjusted: dict[str, dict[str, float]] = {m: {} for m in table}
     for c in CORRECTIONS:
         adj = adjust_pvalues([rows[m]["p"] for m in family], c, alpha)  # type: ignore[arg-type]
@@ -1058,14 +1077,15 @@ def compare(
         sig.update({c: bool(padj[c] <= alpha) for c in CORRECTIONS})
         improvement = floor.sign * r["delta"] if m != baseline else 0.0
         if m == baseline:
-            verdict = Verdict.DIVERGED if is_div[m] else Verdict.BASELINE
+            verdict = (Verdict.DIVERGED if is_div[m] else Verdict.STALLED if failed[m]
+                       else Verdict.BASELINE)
         else:
             p_use = r["p"] if correction == "none" else padj[correction]
             if m not in family:
                 p_use = _NAN
             verdict = decide(
                 improvement=improvement, p_adjusted=p_use, sigma=floor.sigma, alpha=alpha,
-                floor_sigmas=floor_sigmas, diverged=is_div[m],
+                floor_sigmas=floor_sigmas, diverged=is_div[m], stalled=failed[m],
             )
         bd: BootstrapDifference | None = r["boot"]
         out.append(
@@ -1073,7 +1093,7 @@ def compare(
                 method=m,
                 is_baseline=m == baseline,
                 n=g.n,
-                n_diverged=g.n_diverged,
+                n_diverged=g.n_diverged - n_stalled[m],
                 fewer_seeds=m != baseline and g.n < floor.n,
                 mean=r["mean"],
                 std=sample_std(g.finite),
@@ -1095,6 +1115,7 @@ def compare(
                 welch=r["welch"],
                 verdict=verdict,
                 floor=floor,
+                n_stalled=n_stalled[m],
             )
         )
     return out

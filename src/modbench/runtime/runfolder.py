@@ -2,7 +2,7 @@
 
     RUN/config.yaml            the fully resolved config, then ``meta`` (code version, slots)
     RUN/metrics.jsonl          one JSON object per line: train steps and validation points
-    RUN/summary.json           written once, at the end (status completed | diverged)
+    RUN/summary.json           written once, at the end (status completed | diverged | stalled)
     RUN/eval.json              ``modbench eval`` (validation loss, probes, harness tasks)
     RUN/checkpoints/last.pt    the latest checkpoint
 """

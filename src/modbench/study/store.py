@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
     method TEXT NOT NULL,
     seed INTEGER NOT NULL,
     state TEXT NOT NULL DEFAULT 'pending',   -- pending | running | done | failed
-    status TEXT,                             -- completed | diverged (from summary.json)
+    status TEXT,                             -- completed | diverged | stalled (summary.json)
     worker TEXT,
     claimed_at REAL,
     finished_at REAL,
