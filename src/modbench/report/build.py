@@ -8,15 +8,16 @@ Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), `
 The views follow seeds/002_*: Table 2 (seeds, steps and tokens per method, metric, Δ, z, the
 test used with t and df, significance under Bonferroni, Holm and Benjamini–Hochberg, verdict,
 parameters, FLOPs/token), Table 3 (ranks across scales with Spearman's ρ), Table 6
-(divergences: step and grad-norm signature), Table 7 / Figure 2 (validation loss against the
+(divergences and stalls: status, step, last finite validation loss against the unigram level,
+grad-norm signature), Table 7 / Figure 2 (validation loss against the
 downstream score), Figure 3 (per-task Δ heatmap), and the loss and grad-norm curves.
 
 Right after the title, a "Warnings" list says when the runs are short of what a verdict needs
 (:func:`budget_warnings`): a method at a scale with fewer than :data:`MIN_SEEDS` finite seeds
 (or a scale without a finished baseline), runs that stopped before their planned steps or did
 not finish, runs that should have seen the same batches and did not (``batches_sha256``
-against the spec's data order) or did not learn at all, and a baseline that stopped far from
-convergence: its validation loss still falling
+against the spec's data order), runs that stalled at the unigram level (status ``stalled``),
+and a baseline that stopped far from convergence: its validation loss still falling
 fast when training ended (over its last validation interval it fell by more than
 :data:`STILL_FALLING` of its value), or fewer than :data:`MIN_TOKENS_PER_PARAM` training
 tokens per parameter.
@@ -61,6 +62,8 @@ STILL_FALLING = 0.01
 MIN_TOKENS_PER_PARAM = 10.0
 
 _TEST_NAMES = {"prediction": "prediction", "welch": "Welch", "none": "–"}
+#: The verdicts of a method with a failed seed (analysis.stats.Verdict): no test, no average.
+FAILED = ("diverged", "stalled")
 
 
 @dataclass
@@ -104,9 +107,11 @@ def write_report(results: StudyResults, out: Path) -> Path:
         "p", f"{len(rows)} runs in `{results.folder}`; baseline `{baseline}`; primary metric "
              f"`{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better). "
              f"Verdict rule: a method is an improver (degrader) when its {CORRECTION.title()}"
-             f"-corrected p ≤ α = {ALPHA:g}, {CORRECTION.title()} over the non-baseline, "
-             f"non-diverged methods of its scale, and |Δ| > {FLOOR_SIGMAS:g}σ, σ being the "
-             "std of the baseline's n seeds (n − 1 degrees of freedom). The p-values are "
+             f"-corrected p ≤ α = {ALPHA:g}, {CORRECTION.title()} over the non-baseline "
+             f"methods of its scale without a failed seed, and |Δ| > {FLOOR_SIGMAS:g}σ, σ being "
+             "the std of the baseline's n seeds (n − 1 degrees of freedom). A method with a "
+             "seed that diverged or stalled (ended at the unigram level) is a failure: its "
+             "verdict is diverged or stalled, and its seeds are not averaged. The p-values are "
              "two-sided and use a t reference, since σ is itself estimated from a few seeds: a "
              "method with one seed gets the prediction test, t = Δ / (σ·√(1 + 1/n)) with "
              "n − 1 df (is the seed outside the baseline's prediction interval?); a method "
@@ -118,6 +123,9 @@ def write_report(results: StudyResults, out: Path) -> Path:
     _cross_scale(rows, metric, blocks)
     _divergence(rows, blocks)
     _figures(rows, baseline, out, blocks)
+    from modbench.report.diagnostics import study_diagnostics  # it renders with Block
+
+    blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files
     atomic_write_text(out / "results.json",
@@ -205,10 +213,11 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
                     and x.state == "done"]
             fl = results.flops_of(scale, r["method"])
             sig = r["significant"]
-            div = r["verdict"] == "diverged"
+            div = r["verdict"] in FAILED
             fewer = r.get("fewer_seeds", False) and not div
             notes = (["fewer than baseline"] if fewer else []) + (
-                [f"+{r['n_diverged']} diverged"] if r["n_diverged"] else [])
+                [f"+{r['n_diverged']} diverged"] if r["n_diverged"] else []) + (
+                [f"+{r['n_stalled']} stalled"] if r.get("n_stalled") else [])
             test = r.get("test", "none")
             body.append([
                 f"`{r['method']}`", f"{r['n']}" + (f" ({'; '.join(notes)})" if notes else ""),
@@ -228,13 +237,13 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
                 _fmt(fl.flops_ratio if fl else None, 4),
             ])
         blocks.append(Block("table", header=header, rows=body))
-        if any(r.get("fewer_seeds") and r["verdict"] != "diverged" for r in res):
+        if any(r.get("fewer_seeds") and r["verdict"] not in FAILED for r in res):
             blocks.append(Block("p", _fewer_note(res)))
 
 
 def _fewer_note(res: list[dict[str, Any]]) -> str:
     floor = res[0]["floor"]
-    m = sum(1 for r in res if not r["is_baseline"] and r["verdict"] != "diverged")
+    m = sum(1 for r in res if not r["is_baseline"] and r["verdict"] not in FAILED)
     text = (f"† fewer finite seeds than the baseline ({floor['n']}): the verdict rests on fewer "
             "seeds than the noise floor.")
     thr = decision_threshold(floor["sigma"], m, alpha=ALPHA, correction=CORRECTION,
@@ -251,11 +260,13 @@ def budget_warnings(results: StudyResults) -> list[str]:
     """What the report warns about in its first lines (an empty list: nothing).
 
     * seeds: a configuration at a scale with fewer than :data:`MIN_SEEDS` finite seeds
-      (the baseline included), or a scale with runs but no finished baseline;
+      (the baseline included; not one whose verdict is a failure, diverged or stalled: its
+      failed seeds are its result), or a scale with runs but no finished baseline;
     * steps: finished, non-diverged runs that stopped before their planned steps, and runs
       that did not finish (failed, pending, running: they are in no table);
-    * data: runs that should have seen the same batches and did not, and runs that did not
-      learn at all (:func:`_data_warnings`);
+    * data: runs that should have seen the same batches and did not, runs that stalled at the
+      unigram level (status ``stalled``), and completed runs that did not learn at all, which
+      the stall rule could not judge (:func:`_data_warnings`);
     * convergence: a finished baseline run whose validation loss, between its last two
       validation points (``metrics.jsonl`` through ``runtime.runfolder.curves``), fell by more
       than :data:`STILL_FALLING` of the earlier value; or finished baseline runs that saw fewer
@@ -266,8 +277,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
     few = []
     for scale, res in results.comparisons.items():
         by_n: dict[int, list[str]] = {}
-        for r in res:
-            if r["n"] < MIN_SEEDS:
+        for r in res:  # a failed method's verdict does not rest on its finite seeds
+            if r["n"] < MIN_SEEDS and r["verdict"] not in FAILED:
                 by_n.setdefault(r["n"], []).append(f"`{r['method']}`")
         if by_n:
             few.append(f"at {scale}, " + " and ".join(
@@ -315,7 +326,10 @@ def _data_warnings(results: StudyResults) -> list[str]:
     Data: with ``data_order`` ``fixed`` every finished, non-diverged run at a scale with the
     same number of steps must have seen one batch sequence (one ``batches_sha256``); with
     ``per_seed``, those of one init seed must. Runs without a recorded hash are skipped.
-    Stalls: finished runs whose final validation loss is not below their initial one."""
+    Stalls: runs with status ``stalled`` (``modbench.runtime.stall``; for a summary written
+    before the rule existed, judged when the results were read), and completed runs whose final
+    validation loss is not below their initial one (the rule needs validations over a long
+    enough stretch of training to judge; such a run learned nothing either way)."""
     out = []
     groups: dict[tuple[Any, ...], list[RunRow]] = {}
     for r in results.rows:
@@ -339,14 +353,27 @@ def _data_warnings(results: StudyResults) -> list[str]:
                    f"batches_sha256 must agree for {rule}): " + "; ".join(mixed)
                    + ". Their differences mix the method's effect with a data difference; "
                    "check data.source, the data seeds and the probe settings of these runs.")
-    stalled = [r for r in results.rows if r.state == "done" and not r.diverged
-               and r.val_loss is not None and r.initial_val_loss is not None
-               and r.val_loss >= r.initial_val_loss]
+    stalled = [r for r in results.rows if r.state == "done" and r.stalled]
     if stalled:
-        out.append(f"{len(stalled)} finished run(s) did not learn (final validation loss not "
+        judged = sum(r.stall_rederived for r in stalled)
+        out.append(f"{len(stalled)} finished run(s) stalled at the unigram level (status "
+                   "stalled: from the step given to the end the validation loss stayed at what "
+                   "token frequencies alone give, or above): " + ", ".join(
+                       f"`{r.method}` seed {r.seed} at {r.scale} (from step "
+                       f"{_fmt(r.stalled_at_step)}; {_fmt(r.val_loss)}, unigram level "
+                       f"{_fmt(r.unigram_loss)})" for r in stalled)
+                   + ". They are failures like divergences, not values: a method with one gets "
+                   "the verdict stalled."
+                   + (f" {judged} of them were judged by this report from their metrics.jsonl "
+                      "(summaries written before stall detection)." if judged else ""))
+    idle = [r for r in results.rows if r.state == "done" and r.status == "completed"
+            and r.val_loss is not None and r.initial_val_loss is not None
+            and r.val_loss >= r.initial_val_loss]
+    if idle:
+        out.append(f"{len(idle)} finished run(s) did not learn (final validation loss not "
                    "below the initial one): " + ", ".join(
                        f"`{r.method}` seed {r.seed} at {r.scale} ({_fmt(r.initial_val_loss)} "
-                       f"→ {_fmt(r.val_loss)})" for r in stalled) + ".")
+                       f"→ {_fmt(r.val_loss)})" for r in idle) + ".")
     return out
 
 
@@ -394,7 +421,7 @@ def _secondary(rows: list[RunRow], baseline: str, blocks: list[Block]) -> None:
                          key=lambda m: (m != baseline, m))
         for m in methods:
             rs = [r for r in rows if r.scale == scale and r.method == m and r.state == "done"]
-            ok = [r for r in rs if not r.diverged]
+            ok = [r for r in rs if not r.failed]  # diverged and stalled runs are not averaged
 
             def mean(vals: list[float | None]) -> float | None:
                 v = [x for x in vals if x is not None]
@@ -423,7 +450,7 @@ def _cross_scale(rows: list[RunRow], metric: str, blocks: list[Block]) -> None:
     def rank(s: str, m: str) -> str:
         v = means[s].get(m)
         if v is None:
-            return "diverged/missing"
+            return "failed/missing"
         order = sorted((sign * x, k) for k, x in means[s].items() if x is not None)
         return str([k for _, k in order].index(m) + 1)
 
@@ -437,20 +464,39 @@ def _cross_scale(rows: list[RunRow], metric: str, blocks: list[Block]) -> None:
 
 
 def _divergence(rows: list[RunRow], blocks: list[Block]) -> None:
-    div = [r for r in rows if r.diverged]
-    blocks.append(Block("h2", "Divergences (Table 6 view)"))
-    if not div:
-        blocks.append(Block("p", "No run diverged."))
+    """Table 6: every failed run, diverged (step: the first non-finite one) or stalled (step:
+    the one it stayed at the unigram level from), with its last finite validation loss, the
+    unigram level of its data and its last grad norms."""
+    failed = [r for r in rows if r.state == "done" and r.failed]
+    blocks.append(Block("h2", "Divergences and stalls (Table 6 view)"))
+    if not failed:
+        blocks.append(Block("p", "No run diverged or stalled."))
         return
     body = []
-    for r in div:
+    for r in sorted(failed, key=lambda r: (r.scale, r.status or "", r.method, r.seed)):
         norms = [g["grad_norm"] for g in r.last_grad_norms if g.get("grad_norm") is not None]
-        body.append([r.scale, f"`{r.method}`", str(r.seed), _fmt(r.diverged_at_step),
+        step = r.diverged_at_step if r.diverged else r.stalled_at_step
+        body.append([r.scale, f"`{r.method}`", str(r.seed), str(r.status), _fmt(step),
+                     _fmt(_last_finite_val(r)), _fmt(r.unigram_loss), _fmt(r.unigram_entropy),
                      _fmt(norms[-1] if norms else None, 3), _fmt(max(norms) if norms else None, 3),
                      " → ".join(_fmt(g, 2) for g in norms[-5:])])
-    blocks.append(Block("table", header=["scale", "method", "seed", "step", "last finite grad "
-                                         "norm", "max of last 10", "signature (last 5)"],
-                        rows=body))
+    blocks.append(Block("table", header=[
+        "scale", "method", "seed", "status", "step", "last finite val loss", "unigram level",
+        "unigram entropy", "last finite grad norm", "max of last 10", "signature (last 5)"],
+        rows=body))
+    blocks.append(Block("p", "Unigram level: the validation loss of the training tokens' "
+                             "frequencies alone (a model that ignores context); unigram "
+                             "entropy: their entropy on the training split (nats per token). "
+                             "A stalled run ends at the level or above it (docs/runs.md)."))
+
+
+def _last_finite_val(r: RunRow) -> float | None:
+    """A run's final validation loss, or for a diverged one its last finite validation
+    point (metrics.jsonl)."""
+    if r.val_loss is not None:
+        return r.val_loss
+    pts = _curves(r)["val_loss"]
+    return pts[-1][1] if pts else None
 
 
 def _figures(rows: list[RunRow], baseline: str, out: Path, blocks: list[Block]) -> None:
@@ -512,11 +558,12 @@ def _write_csv(rows: list[RunRow], path: Path) -> None:
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(["key", "scale", "method", "seed", "state", "status", "val_loss", "params",
-                "steps", "steps_planned", "tokens", "diverged_at_step", "climb_avg", *tasks])
+                "steps", "steps_planned", "tokens", "diverged_at_step", "stalled_at_step",
+                "unigram_loss", "climb_avg", *tasks])
     for r in rows:
         w.writerow([r.key, r.scale, r.method, r.seed, r.state, r.status, r.val_loss, r.params,
-                    r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.climb_avg,
-                    *[r.tasks.get(t) for t in tasks]])
+                    r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.stalled_at_step,
+                    r.unigram_loss, r.climb_avg, *[r.tasks.get(t) for t in tasks]])
     atomic_write_text(path, buf.getvalue())
 
 

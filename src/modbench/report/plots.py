@@ -77,10 +77,11 @@ Series = Mapping[str, Sequence[float | None]]
 
 
 def depth_plot(panels: Sequence[tuple[str, Series, bool]], ticks: Sequence[str], title: str,
-               path: Path) -> Path:
-    """Figures against depth (``modbench diagnose``): one panel per ``(y label, series by
-    label, log y)``, sharing an x axis of named positions (layers, sublayers, matrices); a
-    ``None`` is a gap, and a panel with no value says so."""
+               path: Path, xlabel: str | None = None) -> Path:
+    """Figures against depth (``modbench diagnose``, the report's depth profiles): one panel
+    per ``(y label, series by label, log y)``, sharing an x axis of named positions (layers,
+    sublayers, matrices) labelled ``xlabel``; a ``None`` is a gap, and a panel with no value
+    says so."""
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 0.8 + 2.2 * len(panels)),
                              sharex=True, squeeze=False)
     xs = list(range(len(ticks)))
@@ -105,5 +106,7 @@ def depth_plot(panels: Sequence[tuple[str, Series, bool]], ticks: Sequence[str],
             ax.legend(fontsize=7, ncol=min(len(series), 4))
     axes[-1, 0].set_xticks(xs, list(ticks), rotation=45 if len(ticks) > 12 else 0,
                            ha="right" if len(ticks) > 12 else "center", fontsize=7)
+    if xlabel:
+        axes[-1, 0].set_xlabel(xlabel)
     axes[0, 0].set_title(title)
     return _save(fig, path)

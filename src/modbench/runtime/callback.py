@@ -2,10 +2,18 @@
 diagnostics), so none of them imports the trainer.
 
 The trainer calls each :class:`Callback` at these named points, in list order: first the
-methods' own callbacks, then the trainer's standard ones (probe scoring), then the caller's::
+methods' own callbacks, then the trainer's standard ones (probe scoring, per-layer logging),
+then the caller's, and last the experiment trackers (``train.trackers``, rank 0 only), which
+send what the others added::
 
     on_train_start(run)               once, the model and optimizer ready (a resume loaded)
     on_batch(run, step, batch)        step's token batch (B, T), before the forward
+    after_backward(run, step)         the step's gradients are in the parameters' ``.grad``
+                                      (summed over micro-batches, reduced over processes,
+                                      clipped), before the optimizer uses them; the weights
+                                      are still those of the forward. Called for every
+                                      member the step trained, also for a step whose loss
+                                      or norm then turns out not to be finite
     after_optimizer_step(run, step)   after the optimizer changed the weights
     on_step_end(run, step, record)    step's metrics record before it is logged: keys a
                                       callback adds are logged with it
@@ -50,6 +58,7 @@ class Callback:
 
     def on_train_start(self, run: TrainingRun) -> None: ...
     def on_batch(self, run: TrainingRun, step: int, batch: torch.Tensor) -> None: ...
+    def after_backward(self, run: TrainingRun, step: int) -> None: ...
     def after_optimizer_step(self, run: TrainingRun, step: int) -> None: ...
     def on_step_end(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None: ...
     def on_eval(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None: ...

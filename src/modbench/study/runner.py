@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
-from tqdm.auto import tqdm
 
 from modbench.config import from_dict
 from modbench.errors import ModbenchError
@@ -38,6 +37,7 @@ from modbench.study.cluster import (
     nproc_for,
     require,
 )
+from modbench.study.progress import StudyProgress, views_for
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store
 
@@ -186,7 +186,8 @@ def lost_job_results(job: Job, reason: str) -> list[JobResult]:
 
 def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
             outcome: str) -> JobResult:
-    """Evaluate a trained run (when the study asks and it completed) and record it."""
+    """Evaluate a trained run (when the study asks and it completed), diagnose it (when the
+    study asks), and record it."""
     from modbench.eval.run import evaluate_run
 
     try:
@@ -200,12 +201,28 @@ def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
                 evaluation = evaluate_run(m.run, probes=bool(ev.get("probes")),
                                           tasks=list(ev.get("tasks") or []) or None,
                                           limit=ev.get("limit"), progress=False)
+        _diagnose(m, summary, ev.get("diagnostics"))
         store.finish(m.key, summary, evaluation)
         return JobResult(m.key, m.label, outcome, summary["status"])
     except Exception as e:
         msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
         store.fail(m.key, msg)
         return JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
+
+
+def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None) -> None:
+    """``evaluation.diagnostics``: ``modbench diagnose`` a run that did not diverge (a
+    stalled one too: its layers show why), if its seed is one the spec names; the JSON only,
+    into ``RUN/diagnostics/`` (the report draws the figures across runs); a run that has it
+    already keeps it."""
+    if not asked or summary["status"] == "diverged":
+        return
+    if asked.get("seeds") is not None and int(m.config["seed"]) not in asked["seeds"]:
+        return
+    from modbench.report.diagnostics import DIAGNOSTICS_JSON, diagnose
+
+    if not (m.run / "diagnostics" / DIAGNOSTICS_JSON).is_file():
+        diagnose(m.run, batches=int(asked.get("batches") or 1), figures=False, progress=False)
 
 
 class Executor(Protocol):
@@ -430,6 +447,9 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     runs = expand(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
+    from modbench.train.trackers import check_trackers
+
+    check_trackers(dict.fromkeys(t for r in runs for t in r.config.train.trackers))
     ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
     try:
         store = Store(out)
@@ -463,8 +483,9 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     _prepare_data(todo, progress)
     counts["total"] += len(runs)
     counts["already_done"] += len(runs) - len(todo)
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
-               desc=f"study {spec.name}", unit="run")
+    # live progress: each running run's step, loss and tokens/s, an ETA from step times
+    bar = StudyProgress(spec.name, views_for(todo, store), store, enabled=progress,
+                        done_before=len(runs) - len(todo), workers=getattr(ex, "workers", None))
     try:
         for results in ex.run(_jobs(out, todo, spec, stack, nproc)):
             for res in results:
@@ -472,8 +493,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
                 counts["diverged"] += res.status == "diverged"
                 if res.error:
                     failures.append(f"{res.label}: {res.error}")
-                bar.update(1)
-                bar.set_postfix_str(f"{res.label} {res.status or res.outcome}")
+                bar.finished(res)
     finally:
         bar.close()
 

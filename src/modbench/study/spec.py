@@ -14,11 +14,12 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     recipe: null                      # null: each preset's own
     overrides: ["train.steps=300"]    # --set items applied to every run
     data: {source: builtin, data_seed: 1234, probe_mix: 0.0, probe_loss: all, order: fixed}
-    evaluation: {probes: true, tasks: [], limit: null, primary: null}
+    evaluation: {probes: true, tasks: [], limit: null, primary: null,
+                 diagnostics: {batches: 2, seeds: [0]}}   # optional: `modbench diagnose`
     claim:                            # optional: a published claim the verdicts test
       source: "seeds/000 Table 3"
       text: "Post-LN stalls on a deep, narrow model at a raised learning rate."
-      expect: {post_ln: [degrader, diverged]}   # the verdicts that agree with it
+      expect: {post_ln: [stalled, diverged]}    # the verdicts that agree with it
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
@@ -66,15 +67,28 @@ class DataSpec:
 
 
 @dataclass
+class DiagnosticsSpec:
+    """``evaluation.diagnostics``: ``modbench diagnose`` on each finished run that did not
+    diverge, its ``diagnostics.json`` kept in the run folder and summarised by the report
+    (docs/diagnostics.md)."""
+
+    batches: int = 2  # validation batches per run (the run's batch size each)
+    seeds: list[int] | None = None  # the init seeds diagnosed; None: every seed
+
+
+@dataclass
 class EvalSpec:
     probes: bool = True
     tasks: list[str] = field(default_factory=list)
     limit: int | None = None
     primary: str | None = None  # val_loss | probe_avg | climb_avg | a task; None: climb_avg
     # when tasks are given, else val_loss
+    diagnostics: DiagnosticsSpec | None = None  # None: no diagnostics
 
 
-VERDICTS = ("improver", "within_noise", "degrader", "diverged")
+# the verdicts a claim may expect (modbench.analysis.stats.Verdict): "diverged" and "stalled"
+# are failures, a method with a seed that diverged or stalled (docs/statistics.md)
+VERDICTS = ("improver", "within_noise", "degrader", "diverged", "stalled")
 
 
 @dataclass
@@ -163,6 +177,8 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
                "claim": ClaimSpec}.get(k)
         if k == "claim" and v is None and not prefix:
             kwargs[k] = None  # no claim (how spec.yaml records a spec without one)
+        elif cls is EvalSpec and k == "diagnostics":
+            kwargs[k] = _diagnostics_spec(v)
         elif sub is not None and not prefix:
             if not isinstance(v, dict):
                 raise ModbenchError(f"study key '{k}' must be a mapping")
@@ -177,11 +193,33 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _diagnostics_spec(tree: Any) -> DiagnosticsSpec | None:
+    """``evaluation.diagnostics``: a mapping (``{batches: N, seeds: [..]}``), ``true`` (the
+    defaults), or ``false`` / ``null`` (none)."""
+    if tree is None or tree is False:
+        return None
+    if tree is True:
+        return DiagnosticsSpec()
+    if not isinstance(tree, dict):
+        raise ModbenchError("study key 'evaluation.diagnostics' must be a mapping such as "
+                            "{batches: 2, seeds: [0]}, or true")
+    spec: DiagnosticsSpec = _build(DiagnosticsSpec, tree, "evaluation.diagnostics.")
+    if isinstance(spec.batches, bool) or not isinstance(spec.batches, int) or spec.batches < 1:
+        raise ModbenchError(f"evaluation.diagnostics.batches must be a whole number of "
+                            f"validation batches, at least 1; got {spec.batches!r}")
+    seeds = spec.seeds
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or any(
+            isinstance(s, bool) or not isinstance(s, int) for s in seeds)):
+        raise ModbenchError(f"evaluation.diagnostics.seeds must be a list of init seeds such as "
+                            f"[0], or left out for every seed; got {seeds!r}")
+    return spec
+
+
 def _claim_expectations(tree: Any) -> dict[str, list[str]]:
     """``claim.expect``: method -> a verdict or a list of verdicts that agree with the claim."""
     if not isinstance(tree, dict):
         raise ModbenchError("study key 'claim.expect' must map methods to verdicts, e.g. "
-                            "{post_ln: [degrader, diverged]}")
+                            "{post_ln: [stalled, diverged]}")
     out: dict[str, list[str]] = {}
     for method, verdicts in tree.items():
         vs = [verdicts] if isinstance(verdicts, str) else verdicts
@@ -199,6 +237,11 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("data", "probe_loss"): "all",
     ("train", "parallel"): "ddp",
     ("train", "activation_checkpointing"): False,
+    # stall detection only labels a finished run; a store's runs from before it keep their
+    # keys, and the report applies the rule to them (modbench.runtime.stall.judge_run_folder)
+    ("train", "stall_margin"): 0.1,
+    ("train", "stall_patience"): 0.5,
+    ("train", "stall_min_steps"): 100,
 }
 
 
@@ -236,6 +279,14 @@ def expand(spec: StudySpec) -> list[RunSpec]:
     if claimed:
         raise ModbenchError(f"claim.expect names {sorted(claimed)} which are not in 'methods'; "
                             "expect verdicts only for methods the study runs")
+    diag = spec.evaluation.diagnostics
+    if diag is not None and diag.seeds is not None:
+        study_seeds = set(spec.seeds.default) | set(spec.seeds.noise_floor)
+        missing = sorted(set(diag.seeds) - study_seeds)
+        if missing:
+            raise ModbenchError(f"evaluation.diagnostics.seeds names seed(s) {missing} that no "
+                                f"run of the study has (its seeds: {sorted(study_seeds)}); "
+                                "name seeds under 'seeds'")
     if spec.data.order not in DATA_ORDERS:
         raise ModbenchError(f"data.order must be one of {', '.join(DATA_ORDERS)}, got "
                             f"{spec.data.order!r}")
