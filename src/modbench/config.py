@@ -28,6 +28,8 @@ from modbench.errors import ModbenchError, suggest
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
+COMPILE = ("auto", True, False)  # train.compile
+TRACKERS = ("wandb", "tensorboard")  # train.trackers (modbench.train.trackers)
 
 #: Settings of how a run executes, not of what it computes (beyond floating-point rounding),
 #: each with the value a study's skip key hashes it as whatever it holds (``None``: left out
@@ -36,6 +38,9 @@ PARALLEL = ("ddp", "fsdp")  # train.parallel
 #: changing it cannot change a run's results beyond rounding.
 EXECUTION_KEYS: dict[str, object] = {
     "train.compile": False,
+    "train.log_layers": None,
+    "train.log_layers_every": None,
+    "train.trackers": None,
 }
 
 
@@ -168,7 +173,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: no periodic checkpoints (a final one is always written)
     log_every: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    compile: bool = False
+    # torch.compile the step's forward: auto (compiled on CUDA, eager on the CPU, falling back
+    # to eager with a warning where compilation fails), true or false
+    compile: bool | str = "auto"
     threads: int = 0  # torch intra-op threads on CPU; 0 leaves torch's default
     # Initial weights for a fresh start (ignored on --resume): a run folder or a checkpoint
     # file; methods may map the weights onto new shapes (TokenFormer growth).
@@ -181,16 +188,41 @@ class TrainConfig:
     # Recompute each decoder block's activations in the backward (torch.utils.checkpoint)
     # instead of keeping them: less memory, about one more forward of compute, same numbers.
     activation_checkpointing: bool = False
+    # Per-layer gradient norms and activation RMS in each logged training record of
+    # metrics.jsonl (docs/diagnostics.md); only what is logged changes, never the numbers.
+    log_layers: bool = False
+    # With log_layers: only in the logged records of every N-th step (and the last); 0: in
+    # every logged record. Where the forward is compiled or seeds are stacked, each such step
+    # costs one extra forward, so a large N keeps a GPU run's overhead small.
+    log_layers_every: int = 0
+    # Experiment trackers that also receive the run's config, metrics, validation, probes and
+    # summary (docs/trackers.md): any of wandb, tensorboard (extras [wandb], [tensorboard]).
+    # Only where the numbers are sent changes, never the numbers.
+    trackers: list[str] = field(default_factory=list)
+    # Stall detection (modbench.runtime.stall, docs/runs.md): a finished run whose validation
+    # loss sat within stall_margin nats of the unigram level (or above it) from some step after
+    # warm-up to the end, for at least stall_patience of the steps after warm-up and at least
+    # stall_min_steps steps, and fell by less than stall_margin meanwhile, ends with status
+    # stalled. stall_margin 0: off.
+    stall_margin: float = 0.1
+    stall_patience: float = 0.5  # fraction of the steps after warm-up, in [0, 1]
+    stall_min_steps: int = 100
 
     def validate(self) -> None:
         if self.steps <= 0:
             raise ModbenchError(f"train.steps must be positive, got {self.steps}")
+        _at_least("train.stall_margin", self.stall_margin, 0.0)
+        _at_least("train.stall_min_steps", self.stall_min_steps, 0)
+        if not 0.0 <= self.stall_patience <= 1.0:
+            raise ModbenchError(f"train.stall_patience must be in [0, 1] (a fraction of the "
+                                f"steps after warm-up), got {self.stall_patience}")
         if self.batch_size <= 0:
             raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
         if self.seq_len < 2:
             raise ModbenchError(f"train.seq_len must be at least 2 (a token and its next), got "
                                 f"{self.seq_len}")
-        for key in ("eval_every", "checkpoint_every", "log_every", "threads"):
+        for key in ("eval_every", "checkpoint_every", "log_every", "threads",
+                    "log_layers_every"):
             _at_least(f"train.{key}", getattr(self, key), 0)
         _at_least("train.eval_sequences", self.eval_sequences, 1)
         if not _DEVICE.fullmatch(self.device):
@@ -199,9 +231,21 @@ class TrainConfig:
         if self.eval_probes < 0:
             raise ModbenchError(f"train.eval_probes must be 0 (off) or a number of items, got "
                                 f"{self.eval_probes}")
+        if self.compile not in COMPILE or (self.compile in (0, 1)
+                                           and not isinstance(self.compile, bool)):
+            raise ModbenchError(f"train.compile must be auto, true or false, got "
+                                f"{self.compile!r}")
         if self.parallel not in PARALLEL:
             raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
                                 f"{self.parallel!r}")
+        for i, name in enumerate(self.trackers):
+            if name not in TRACKERS:
+                raise ModbenchError(f"unknown tracker {name!r} in train.trackers"
+                                    f"{suggest(str(name), TRACKERS)}; the known ones are "
+                                    f"{', '.join(TRACKERS)}")
+            if name in self.trackers[:i]:
+                raise ModbenchError(f"train.trackers lists {name!r} twice; name each tracker "
+                                    "once")
         mb = self.micro_batch_size
         if mb is not None and (mb <= 0 or self.batch_size % mb):
             raise ModbenchError(
@@ -580,6 +624,13 @@ def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ModbenchError(f"config key '{key}' takes a mapping")
         return dict(value)
+    if text.startswith("list[str]"):  # a list, or one name / comma-separated names
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(
+                isinstance(v, str) and v.strip() for v in items):
+            raise ModbenchError(f"config key '{key}' takes a list of names, e.g. "
+                                "[wandb, tensorboard]")
+        return [v.strip() for v in items]
     return value
 
 

@@ -75,6 +75,15 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         del before["data"]["probe_loss"]
         assert before["train"].pop("parallel") == "ddp"
         assert before["train"].pop("activation_checkpointing") is False
+        assert before["train"].pop("trackers") == []  # an execution key: never in the hash
+        assert before["train"]["compile"] == "auto"  # an execution key: hashed as it was
+        before["train"]["compile"] = False
+        assert before["train"].pop("log_layers") is False  # execution keys, added later
+        assert before["train"].pop("log_layers_every") == 0
+        # the stall rule's keys at their defaults (docs/runs.md: it only labels an outcome)
+        assert before["train"].pop("stall_margin") == 0.1
+        assert before["train"].pop("stall_patience") == 0.5
+        assert before["train"].pop("stall_min_steps") == 100
         blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
         assert r.key == hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,8 +1,9 @@
-"""The device a run trains on and its mixed precision."""
+"""The device a run trains on, its mixed precision and whether its step is compiled."""
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -28,3 +29,39 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractC
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext
+
+
+
+def compiled(fn: Callable[..., Any], setting: bool | str,
+             device: torch.device) -> Callable[..., Any]:
+    """``fn`` (a model or a function of tensors) as the step runs it under ``train.compile``:
+    ``False`` eager; ``True`` through ``torch.compile``; ``auto`` (the default) compiled on
+    CUDA, where it pays for its compilation within minutes, and eager on the CPU, where a
+    few-minute study would spend more on compiling than it saves (BENCHMARKS.md). Under
+    ``auto`` a model that fails to compile is run eagerly after a warning that names the
+    error: compilation changes speed, not results (the eager and compiled paths agree to
+    rounding; tests/test_cuda.py), so a run is not lost to it. Under ``true`` it fails."""
+    if setting is False or (setting == "auto" and device.type != "cuda"):
+        return fn
+    graph = torch.compile(fn)
+    if setting is True:
+        return graph
+    state: dict[str, Any] = {"run": None}
+
+    def first_tries_compiled(*args: Any, **kwargs: Any) -> Any:
+        run = state["run"]
+        if run is not None:
+            return run(*args, **kwargs)
+        try:
+            out = graph(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:  # not the model's own errors
+            warnings.warn(f"train.compile=auto: torch.compile failed ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
+                          "training eagerly (set train.compile=false to skip the attempt)",
+                          stacklevel=2)
+            state["run"] = fn
+            return fn(*args, **kwargs)
+        state["run"] = graph
+        return out
+
+    return first_tries_compiled

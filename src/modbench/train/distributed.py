@@ -73,8 +73,10 @@ from torch import nn
 
 from modbench.config import RunConfig, TrainConfig, dump_yaml, resolve
 from modbench.errors import ModbenchError
+from modbench.runtime.device import compiled
 from modbench.runtime.loss import lm_loss
 from modbench.runtime.runfolder import SUMMARY
+from modbench.train.engine import StepValue
 from modbench.train.recompute import stateful_buffers
 
 # ------------------------------------------------------------------------------ the group
@@ -199,7 +201,7 @@ class DistributedEngine:
                  make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
                  device: torch.device, autocast: Callable[[], AbstractContextManager[Any]],
                  world: World, *, parallel: str = "ddp", n_micro: int = 1,
-                 compile: bool = False) -> None:
+                 compile: bool | str = False) -> None:
         if world.size < 2 or not dist.is_initialized():
             raise ValueError("DistributedEngine needs an initialised group of 2+ processes")
         self.device, self.autocast, self.world = device, autocast, world
@@ -229,8 +231,7 @@ class DistributedEngine:
         self.wrapped = wrapped
         self.models: list[nn.Module] = [model]  # FSDP: the model itself, sharded in place
         self.optimizers: list[torch.optim.Optimizer] = [make_optimizer(model)]
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = (
-            torch.compile(wrapped) if compile else wrapped)  # type: ignore[assignment]
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = compiled(wrapped, compile, device)
 
     # ------------------------------------------------------------------ the step
 
@@ -239,9 +240,10 @@ class DistributedEngine:
             group["lr"] = lr
 
     def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
-                 members: Sequence[int]) -> list[float]:
+                 members: Sequence[int]) -> list[StepValue]:
         """Accumulate this process's share of the gradient of the global batch's mean loss
-        (DDP/FSDP average over processes) and return that global mean loss."""
+        (DDP/FSDP average over processes) and return that global mean loss (on the device:
+        the all-reduce is queued, the host does not wait for it)."""
         w, r = self.world.size, self.world.rank
         rows = batch.shape[0] // w
         local = batch[r * rows:(r + 1) * rows].to(self.device)
@@ -251,7 +253,7 @@ class DistributedEngine:
         count = int(mask.sum()) if mask is not None else 0
         masks = (mask[r * rows:(r + 1) * rows].to(self.device).chunk(self.n_micro)
                  if mask is not None else (None,) * len(micros))
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, (micro, m) in enumerate(zip(micros, masks, strict=True)):
             with self._reduce_gradients(i == len(micros) - 1):
                 if self.parallel == "fsdp":
@@ -261,11 +263,12 @@ class DistributedEngine:
                     loss = (lm_loss(logits, micro) / self.n_micro if m is None
                             else lm_loss(logits, micro, m, count) * w)
                 loss.backward()
-            total += loss.item()
+            total = total + loss.detach().double()  # in order, as the host would add them
         self._average_replicated()
         if not self.checked:
             self._check_gradients()
-        return [self._sum([total])[0] / w]
+        dist.all_reduce(total)
+        return [total / w]
 
     def _check_gradients(self) -> None:
         """After the first backward: every trained parameter has its (reduced) gradient. A
@@ -298,14 +301,13 @@ class DistributedEngine:
             return contextlib.nullcontext()
         return contextlib.nullcontext() if last else self.wrapped.no_sync()  # type: ignore
 
-    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]:
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[StepValue]:
         """The global gradient norm before clipping (``max_norm <= 0``: none). DDP's
         gradients are the averaged ones on every process; FSDP's norm is reduced over the
         shards (DTensor) before the clip coefficient is applied."""
         clip = max_norm if max_norm > 0 else float("inf")
         if not self.replicated:
-            return [float(_whole(torch.nn.utils.clip_grad_norm_(
-                self.models[0].parameters(), clip)))]
+            return [_whole(torch.nn.utils.clip_grad_norm_(self.models[0].parameters(), clip))]
         # FSDP with unsharded scalars: the norm of both parts, then torch's clip coefficient
         ids = {id(p) for p in self.replicated}
         sharded = [p for p in self.models[0].parameters()
@@ -314,12 +316,11 @@ class DistributedEngine:
         norm = _whole(torch.nn.utils.clip_grad_norm_(sharded, float("inf"))).float()
         if whole:
             norm = torch.linalg.vector_norm(torch.stack([norm.to(self.device), *whole]))
-        coef = float(torch.clamp(clip / (norm + 1e-6), max=1.0))
-        if coef != 1.0:
-            for p in [*sharded, *self.replicated]:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        return [float(norm)]
+        coef = torch.clamp(clip / (norm + 1e-6), max=1.0)  # 1.0 leaves a gradient as it is
+        for p in [*sharded, *self.replicated]:
+            if p.grad is not None:
+                p.grad.mul_(coef.to(p.grad.device))
+        return [norm]
 
     def update(self, members: Sequence[int]) -> None:
         if 0 in members:

@@ -30,7 +30,33 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from modbench.runtime.device import compiled
 from modbench.runtime.loss import lm_loss, validation_loss
+
+#: A step's loss or gradient norm as an engine returns it: a tensor still on the device (0-d,
+#: or 1-d holding parts the host sums in order, in float64), so the loop reads a whole window
+#: of steps back in one transfer (:func:`host_floats`), or a float already on the host.
+StepValue = torch.Tensor | float
+
+
+def host_floats(values: Sequence[StepValue]) -> list[float]:
+    """Each value as a host float, with one device-to-host transfer for all the tensors. A
+    1-d tensor's parts are added in order in float64, as ``total += part.item()`` would."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    flat: list[float] = (torch.cat([t.detach().reshape(-1).double() for t in tensors]).tolist()
+                         if tensors else [])
+    out, i = [], 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            n = v.numel()
+            total = 0.0
+            for part in flat[i:i + n]:
+                total += part
+            out.append(total)
+            i += n
+        else:
+            out.append(float(v))
+    return out
 
 
 class Engine(Protocol):
@@ -39,8 +65,8 @@ class Engine(Protocol):
 
     def set_lr(self, lr: float) -> None: ...
     def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
-                 members: Sequence[int]) -> list[float]: ...
-    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]: ...
+                 members: Sequence[int]) -> list[StepValue]: ...
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[StepValue]: ...
     def update(self, members: Sequence[int]) -> None: ...
     def discard(self) -> None: ...
     def synchronize(self) -> None: ...
@@ -53,19 +79,18 @@ class Engine(Protocol):
 class LocalEngine:
     """K members' models and optimizers on one device.
 
-    ``n_micro`` micro-batches per step (gradient accumulation); ``compile`` runs the forward
-    (the vmapped one for several members) through ``torch.compile`` while :attr:`models`
-    stay the plain modules.
+    ``n_micro`` micro-batches per step (gradient accumulation); ``compile`` (``train.compile``:
+    :func:`~modbench.runtime.device.compiled`) runs the forward (the vmapped one for several
+    members) through ``torch.compile`` while :attr:`models` stay the plain modules.
     """
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer],
                  device: torch.device, autocast: Callable[[], AbstractContextManager[Any]], *,
-                 n_micro: int = 1, compile: bool = False) -> None:
+                 n_micro: int = 1, compile: bool | str = False) -> None:
         self.models, self.optimizers, self.device = models, optimizers, device
         self.autocast, self.n_micro = autocast, n_micro
         if len(models) == 1:
-            self.forward: Callable[..., torch.Tensor] = (
-                torch.compile(models[0]) if compile else models[0])  # type: ignore[assignment]
+            self.forward: Callable[..., torch.Tensor] = compiled(models[0], compile, device)
         else:
             base = copy.deepcopy(models[0]).to("meta")  # the structure; weights come stacked
 
@@ -77,7 +102,7 @@ class LocalEngine:
                         else lm_loss(logits, micro, mask, count))
 
             stacked = vmap(member_loss, in_dims=(0, 0, None, None, None))
-            self.forward = torch.compile(stacked) if compile else stacked  # type: ignore
+            self.forward = compiled(stacked, compile, device)
             self.base = base
 
     def set_lr(self, lr: float) -> None:
@@ -86,26 +111,29 @@ class LocalEngine:
                 group["lr"] = lr
 
     def backward(self, batch: torch.Tensor, mask: torch.Tensor | None,
-                 members: Sequence[int]) -> list[float]:
+                 members: Sequence[int]) -> list[StepValue]:
         """Accumulate, for each of ``members``, the gradient of the batch's mean loss over its
-        micro-batches; return those losses. With ``mask`` (``data.probe_loss=answers``) only
-        the kept predictions count, all micro-batches sharing the batch's denominator."""
-        micros = batch.to(self.device).chunk(self.n_micro)
+        micro-batches; return those losses, left on the device (no host synchronisation).
+        With ``mask`` (``data.probe_loss=answers``) only the kept predictions count, all
+        micro-batches sharing the batch's denominator."""
+        # a pinned batch (the prefetching loader's, on CUDA) is copied while the host goes on
+        ahead = self.device.type == "cuda" and batch.is_pinned()
+        micros = batch.to(self.device, non_blocking=ahead).chunk(self.n_micro)
         count = int(mask.sum()) if mask is not None else 0
-        masks = (mask.to(self.device).chunk(self.n_micro) if mask is not None
-                 else (None,) * len(micros))
+        masks = (mask.to(self.device, non_blocking=ahead).chunk(self.n_micro)
+                 if mask is not None else (None,) * len(micros))
         if len(self.models) == 1:
-            total = 0.0
+            parts = []
             for micro, m in zip(micros, masks, strict=True):
                 with self.autocast():
                     logits = self.forward(micro)
                     loss = (lm_loss(logits, micro) / self.n_micro if m is None
                             else lm_loss(logits, micro, m, count))
                 loss.backward()
-                total += loss.item()
-            return [total]
+                parts.append(loss.detach())
+            return [torch.stack(parts)]  # summed on the host, in order
         live = [self.models[k] for k in members]
-        totals = torch.zeros(len(live), dtype=torch.float64)
+        totals = torch.zeros(len(live), dtype=torch.float64, device=self.device)
         for micro, m in zip(micros, masks, strict=True):
             params, buffers = stack_module_state(live)  # type: ignore[arg-type]
             with self.autocast(), warnings.catch_warnings():
@@ -114,9 +142,9 @@ class LocalEngine:
                 warnings.filterwarnings("ignore", message="There is a performance drop")
                 losses = self.forward(params, buffers, micro, m, count)
                 losses.sum().backward()
-            totals += losses.detach().to("cpu", torch.float64)
+            totals += losses.detach().double()
             self._unstack_grads(live, params)
-        return totals.tolist()
+        return list(totals)
 
     @staticmethod
     def _unstack_grads(live: list[nn.Module], params: dict[str, torch.Tensor]) -> None:
@@ -129,10 +157,11 @@ class LocalEngine:
                 g = stacked.grad[k]
                 p.grad = g.clone() if p.grad is None else p.grad.add_(g)
 
-    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[float]:
-        """Each member's global gradient norm before clipping (``max_norm <= 0``: none)."""
+    def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[StepValue]:
+        """Each member's global gradient norm before clipping (``max_norm <= 0``: none), left
+        on the device."""
         clip = max_norm if max_norm > 0 else float("inf")
-        return [float(torch.nn.utils.clip_grad_norm_(self.models[k].parameters(), clip))
+        return [torch.nn.utils.clip_grad_norm_(self.models[k].parameters(), clip)
                 for k in members]
 
     def update(self, members: Sequence[int]) -> None:

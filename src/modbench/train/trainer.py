@@ -1,12 +1,13 @@
 """One trainer for every method.
 
 The loop (:meth:`Trainer.run`) owns the schedule, the batches, clipping, metrics, validation,
-divergence detection and atomic checkpoints. The numerical work of a step goes through an
+divergence detection, stall detection (once, at the end: :mod:`modbench.runtime.stall`) and
+atomic checkpoints. The numerical work of a step goes through an
 engine (:mod:`modbench.train.engine`: one model on one device today; an ensemble or a
 distributed run is another engine under the same loop). Everything else attaches as a
 :class:`~modbench.runtime.callback.Callback` at the loop's named points: the methods' own
 callbacks (nGPT's renormalisation, step-aware norms), probe scoring (``train.eval_probes``),
-and the caller's.
+per-layer logging (``train.log_layers``) and the caller's.
 
 The seed split: the init seed fixes the weights, the data seed the batch order, so every
 method and every init seed sees the same batch at the same step.
@@ -41,10 +42,11 @@ from typing import Any
 import torch
 import yaml
 from torch import nn
-from tqdm.auto import tqdm
 
 from modbench.config import EXECUTION_KEYS, ModelConfig, RunConfig, dump_yaml, from_dict
+from modbench.data.unigram import UnigramLevel, unigram_level
 from modbench.errors import ModbenchError
+from modbench.eval.layer_logging import LayerLogging
 from modbench.eval.probes import ProbeScoring
 from modbench.fsutil import atomic_write_text
 from modbench.methods.base import Method
@@ -56,7 +58,7 @@ from modbench.runtime.checkpoint import (
     previous_path,
     save_checkpoint,
 )
-from modbench.runtime.data import open_data
+from modbench.runtime.data import Prefetcher, open_data
 from modbench.runtime.device import autocast_for, resolve_device
 from modbench.runtime.loss import finite_or_none, perplexity
 from modbench.runtime.runfolder import (
@@ -67,6 +69,7 @@ from modbench.runtime.runfolder import (
     MetricsLog,
     code_version,
 )
+from modbench.runtime.stall import StallCheck, check_stall, summary_fields
 from modbench.train.distributed import (
     DistributedEngine,
     check_world,
@@ -74,12 +77,15 @@ from modbench.train.distributed import (
     local_batch,
     rank_device,
 )
-from modbench.train.engine import Engine, LocalEngine
+from modbench.train.engine import Engine, LocalEngine, StepValue, host_floats
+from modbench.train.live import TrainProgress
 from modbench.train.optim import build_optimizer
 from modbench.train.recompute import apply_activation_checkpointing
 from modbench.train.schedule import lr_at
+from modbench.train.trackers import make_trackers
 
 LAST_GRAD_NORMS = 10
+SYNC_EVERY = 16  # steps per read-back on an accelerator (Trainer.sync_every)
 
 
 @dataclass
@@ -91,8 +97,11 @@ class Progress:
     train_time: float = 0.0
     initial_val: float | None = None
     last_val: float | None = None
-    status: str = "completed"
+    status: str = "completed"  # completed | diverged | stalled (decided at the end: _finish)
     diverged_at: int | None = None
+    stalled_at: int | None = None
+    # every validation (step, loss; None: not finite), for the stall rule (runtime.stall)
+    vals: list[tuple[int, float | None]] = field(default_factory=list)
     grad_norms: collections.deque[tuple[int, float | None]] = field(
         default_factory=lambda: collections.deque(maxlen=LAST_GRAD_NORMS))
     # sha256 chained over every training batch seen, in step order (None: a resume from a
@@ -107,6 +116,10 @@ class Progress:
     def diverge(self, at: int) -> None:
         self.status, self.diverged_at = "diverged", at
 
+    def stall(self, at: int) -> None:
+        """A finished run that stayed at the unigram level from step ``at``."""
+        self.status, self.stalled_at = "stalled", at
+
     def saw(self, batch: torch.Tensor, mask: torch.Tensor | None) -> None:
         """Chain the step's batch (and loss mask) into :attr:`batches_sha256`."""
         if self.batches_sha256 is None:
@@ -116,6 +129,22 @@ class Progress:
         if mask is not None:
             h.update(mask.numpy().tobytes())
         self.batches_sha256 = h.hexdigest()
+
+
+@dataclass
+class _Pending:
+    """A step trained but not yet read back: its live members and their losses and grad
+    norms as the engine returned them (on the device), then as read (:meth:`Trainer._read_back`:
+    floats, for the members still live at this step)."""
+
+    step: int
+    lr: float
+    members: list[Member]
+    batch: torch.Tensor
+    mask: torch.Tensor | None
+    losses: list[StepValue]
+    norms: list[StepValue]
+    read: list[tuple[Member, float, float, bool]] = field(default_factory=list)  # finite?
 
 
 class Member:
@@ -183,7 +212,8 @@ class Trainer:
         tc = self.cfg.train
         self.members = [Member(self, k, c, o, [
             *(cb for m in self.plan.methods for cb in m.callbacks()),
-            *([ProbeScoring(tc.eval_probes)] if tc.eval_probes else []), *callbacks])
+            *([ProbeScoring(tc.eval_probes)] if tc.eval_probes else []),
+            *([LayerLogging()] if tc.log_layers else []), *callbacks])
             for k, (c, o) in enumerate(zip(cfgs, outs, strict=True))]
         # several processes (torchrun): this one's rank; what they cannot do fails here
         self.world = current_world()
@@ -192,6 +222,9 @@ class Trainer:
             raise ModbenchError("train.activation_checkpointing cannot be used with stacked "
                                 "seeds (--seeds); train the seeds one at a time or set "
                                 "train.activation_checkpointing=false")
+        if self.world.main:  # trackers (train.trackers) last: they send what the others add
+            for m in self.members:
+                m.callbacks += make_trackers(m.cfg, m.out)
         # 2. the run folders (and the initial weights of a fresh start)
         for m in self.members:
             self._check_out_dir(m)
@@ -207,6 +240,10 @@ class Trainer:
         if self.world.main:
             self.world.barrier()
         self.out, self.step = self.members[0].out, 0
+        # steps between two reads of the losses back from the device: every step on the CPU
+        # (nothing runs ahead there), a window on an accelerator so the host queues work
+        # without waiting; a member that diverges within a window is caught at its end
+        self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
 
     @property
     def model(self) -> nn.Module:
@@ -237,39 +274,45 @@ class Trainer:
         except BaseException:
             self.world.end()
             raise
-        bar = tqdm(total=tc.steps, initial=start, disable=not (self.progress and self.world.main),
-                   unit="step", desc=self._label(), dynamic_ncols=True)
+        bar = TrainProgress(tc.steps, start, self._label(),
+                            enabled=self.progress and self.world.main)
+        batches = Prefetcher(self.data, range(start, tc.steps), tc.batch_size,
+                             self.cfg.data.data_seed, pin=self.device.type == "cuda")
         try:
             self._emit(self.members, "on_train_start")
             for m in self.members:
                 if m.prog.initial_val is None:
                     m.prog.initial_val = self._validate(m, 0)
+            pending: list[_Pending] = []  # steps whose loss and grad norm are on the device
+            t_window = time.perf_counter()
             for step in range(start, tc.steps):
                 live = [m for m in self.members if m.prog.live]
                 if not live:
                     break
-                self.step, done, t0 = step, step + 1, time.perf_counter()
+                self.step, done = step, step + 1
                 lr = lr_at(step, self.cfg.recipe, tc.steps)
                 self.engine.set_lr(lr)
-                batch, mask = self.data.train_batch_and_mask(step, tc.batch_size,
-                                                             self.cfg.data.data_seed)
-                for m in live:
-                    m.prog.saw(batch, mask)
+                batch, mask = batches.get(step)
                 self._emit(live, "on_batch", step, batch)
                 idx = [m.index for m in live]
                 losses = self.engine.backward(batch, mask, idx)
                 norms = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip, idx)
-                stepped = [(m, loss, g) for m, loss, g in zip(live, losses, norms, strict=True)
-                           if self._step_is_finite(m, done, lr, loss, g)]
-                live = [m for m, _, _ in stepped]
+                self._emit(live, "after_backward", step)
+                pending.append(_Pending(step, lr, live, batch, mask, losses, norms))
+                # the host reads the device back only where it must: at the end of a window
+                # of sync_every steps, and before a validation, a checkpoint or the end
+                closes = (done == tc.steps or _every(self.sync_every, done)
+                          or _every(tc.eval_every, done) or _every(tc.checkpoint_every, done))
+                if closes:
+                    live = self._read_back(pending)
                 self.engine.update([m.index for m in live])
                 self._emit(live, "after_optimizer_step", step)
+                if not closes:
+                    continue
                 self.engine.synchronize()
-                dt = time.perf_counter() - t0
-                for m, loss, g in stepped:
-                    self._record(m, step, lr, loss, g, dt)
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[0]:.3f}", lr=f"{lr:.2e}")
+                dt = (time.perf_counter() - t_window) / len(pending)
+                self._log_window(pending, dt, bar)
+                pending = []
                 if done == tc.steps:
                     break
                 for m in live:
@@ -277,6 +320,7 @@ class Trainer:
                         m.prog.diverge(done)
                     if m.prog.live and _every(tc.checkpoint_every, done):
                         self._checkpoint(m, done)
+                t_window = time.perf_counter()
             for m in (m for m in self.members if m.prog.live and not m.prog.final):
                 if math.isfinite(self._validate(m, tc.steps)):  # a last validation, checkpoint
                     self._checkpoint(m, tc.steps)
@@ -284,6 +328,7 @@ class Trainer:
                     m.prog.diverge(tc.steps)
             summaries = [self._finish(m) for m in self.members]
         finally:
+            batches.close()
             bar.close()
             for m in self.members:
                 if hasattr(m, "log"):
@@ -305,17 +350,41 @@ class Trainer:
     def _tokens(self, steps: int) -> int:
         return steps * self.cfg.train.batch_size * self.cfg.train.seq_len
 
-    def _step_is_finite(self, m: Member, done: int, lr: float, loss: float,
-                        grad_norm: float) -> bool:
-        """Record the step's grad norm; a non-finite loss or norm ends the member's run
-        (diverged at this step, its update discarded, a ``nonfinite`` record logged)."""
-        m.prog.grad_norms.append((done, finite_or_none(grad_norm)))
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            return True
-        m.log.write({"kind": "train", "step": done, "loss": finite_or_none(loss), "lr": lr,
-                     "grad_norm": finite_or_none(grad_norm), "nonfinite": True})
-        m.prog.diverge(done)
-        return False
+    def _read_back(self, pending: list[_Pending]) -> list[Member]:
+        """Read a window's losses and grad norms from the device (one transfer) and check
+        them step by step, chaining each step's batch into the members' batch hash: a
+        member's first non-finite loss or grad norm ends its run at that step (diverged; its
+        later steps in the window are dropped, their batches unseen). Returns the members
+        whose last step is finite, the ones the last step's update may apply to."""
+        values = host_floats([v for p in pending for v in (*p.losses, *p.norms)])
+        i = 0
+        for p in pending:
+            n = len(p.members)
+            losses, norms, i = values[i:i + n], values[i + n:i + 2 * n], i + 2 * n
+            for m, loss, g in zip(p.members, losses, norms, strict=True):
+                if not m.prog.live:
+                    continue
+                m.prog.saw(p.batch, p.mask)
+                m.prog.grad_norms.append((p.step + 1, finite_or_none(g)))
+                finite = math.isfinite(loss) and math.isfinite(g)
+                if not finite:
+                    m.prog.diverge(p.step + 1)
+                p.read.append((m, loss, g, finite))
+        return [m for m, _, _, finite in pending[-1].read if finite]
+
+    def _log_window(self, pending: list[_Pending], dt: float, bar: TrainProgress) -> None:
+        """The window's metrics records, in step order (``dt``: the seconds each step took,
+        on average); a member's non-finite step is logged as a ``nonfinite`` record."""
+        for p in pending:
+            for m, loss, g, finite in p.read:
+                if finite:
+                    self._record(m, p.step, p.lr, loss, g, dt)
+                else:
+                    m.log.write({"kind": "train", "step": p.step + 1,
+                                 "loss": finite_or_none(loss), "lr": p.lr,
+                                 "grad_norm": finite_or_none(g), "nonfinite": True})
+        last = pending[-1]
+        bar.update(last.step + 1, last.read[0][1] if last.read else None, self._tokens(1) / dt)
 
     def _record(self, m: Member, step: int, lr: float, loss: float, grad_norm: float,
                 dt: float) -> None:
@@ -340,6 +409,7 @@ class Trainer:
         self._emit([m], "on_eval", step, record)
         m.log.write(record)
         m.prog.last_val = v
+        m.prog.vals.append((step, finite_or_none(v)))
         return v
 
     def _checkpoint(self, m: Member, step: int) -> None:
@@ -353,6 +423,7 @@ class Trainer:
             **state, "step": step, "train_time": m.prog.train_time,
             "metrics_offset": m.log.tell(), "initial_val_loss": m.prog.initial_val,
             "last_val_loss": m.prog.last_val, "grad_norms": [list(g) for g in m.prog.grad_norms],
+            "val_history": [list(v) for v in m.prog.vals],
             "config": m.cfg.to_dict(), "batches_sha256": m.prog.batches_sha256,
             "data_fingerprint": self.data.fingerprint(),
         }, keep_previous=len(self.members) > 1)
@@ -416,6 +487,8 @@ class Trainer:
                           batches_sha256=state.get("batches_sha256"),
                           final=step == m.cfg.train.steps and "last_val_loss" in state)
         m.prog.grad_norms.extend((int(s), g) for s, g in state.get("grad_norms", ()))
+        m.prog.vals = ([(int(s), v) for s, v in state["val_history"]] if "val_history" in state
+                       else _logged_vals(m.out / METRICS, int(state["metrics_offset"])))
         return int(state["metrics_offset"])
 
     def _fresh(self, m: Member, init_from: dict[str, Any] | None) -> int | None:
@@ -440,7 +513,11 @@ class Trainer:
         """A member's summary: computed, offered to its callbacks, written to
         ``summary.json``."""
         cfg, tc, prog = m.cfg, m.cfg.train, m.prog
-        completed = prog.status == "completed"
+        level = self._unigram_level()
+        stall = check_stall(cfg, prog.vals, level if prog.status == "completed" else None)
+        if stall.stalled_at is not None:  # finite losses, but no more than token frequencies
+            prog.stall(stall.stalled_at)
+        completed = prog.status in ("completed", "stalled")  # it trained to the end
         steps_done = prog.diverged_at - 1 if prog.diverged_at is not None else tc.steps
         ran = steps_done - prog.step  # steps this process trained
         summary = {
@@ -459,6 +536,7 @@ class Trainer:
             "val_ppl": perplexity(prog.last_val) if completed else None,
             "tokens_per_s": self._tokens(ran) / prog.train_time if prog.train_time > 0 else None,
             "diverged_at_step": prog.diverged_at,
+            **summary_fields(StallCheck(level, prog.stalled_at)),
             "last_grad_norms": [{"step": s, "grad_norm": g} for s, g in prog.grad_norms],
             "device": str(self.device),
             "train_time_s": prog.train_time,
@@ -472,6 +550,17 @@ class Trainer:
         if self.world.main:
             atomic_write_text(m.out / SUMMARY, json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _unigram_level(self) -> UnigramLevel | None:
+        """The unigram level of the run's data (the stall rule's reference), computed once;
+        None where the data cannot give it (the run's summary then says so by nulls)."""
+        if not hasattr(self, "_unigram"):
+            try:
+                self._unigram: UnigramLevel | None = unigram_level(
+                    self.data, self.cfg.train.eval_sequences)
+            except (OSError, ValueError, ModbenchError):
+                self._unigram = None
+        return self._unigram
 
     # ------------------------------------------------------------------ set-up checks
 
@@ -529,6 +618,18 @@ def _with_defaults(stored: Any) -> Any:
         return from_dict(stored).to_dict() if isinstance(stored, dict) else stored
     except ModbenchError:
         return stored
+
+
+def _logged_vals(path: Path, offset: int) -> list[tuple[int, float | None]]:
+    """The validation points of a metrics log as of a checkpoint (its first ``offset``
+    bytes): the history a checkpoint written before it recorded ``val_history`` lacks."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read(offset).decode().splitlines()
+    except OSError:  # not on this process's disk: the stall rule sees later points only
+        return []
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [(int(r["step"]), r.get("val_loss")) for r in records if r.get("kind") == "val"]
 
 
 def _resume_points(members: list[Member]) -> dict[int, Path]:
