@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,3 +24,14 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("MODBENCH_CACHE", None)
     else:
         os.environ["MODBENCH_CACHE"] = old
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the test: tiny models run many small ops, and one thread is many
+    times faster than two on a shared 2-core machine. Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,7 @@ from tests.helpers import run_capturing, tiny
 VOCAB, T = 512, 24  # the tiny preset's vocabulary; a short sequence keeps the tests quick
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run many small ops: one thread is ~10x faster on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_of(method: str = "baseline", seed: int = 0) -> nn.Module:

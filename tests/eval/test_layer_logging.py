@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +31,7 @@ from tests.helpers import read_metrics, run_capturing, tiny
 LOG = "train.log_layers=true"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run many small ops: one thread is much faster on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train_records(run: Path) -> list[dict[str, Any]]:
