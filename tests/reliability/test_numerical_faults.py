@@ -88,7 +88,7 @@ def test_a_study_with_faulty_runs_goes_on_and_reports_them(tmp_path: Path,
                     "--workers", "1", "--no-progress"])
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "5 runs, 0 already done, 5 trained, 1 diverged, 0 failed" in text
+    assert "5 runs, 0 already done, 5 trained, 1 diverged, 1 stalled, 0 failed" in text
     md = (out / "report" / "report.md").read_text()
     divergences = md.split("## Divergences")[1].split("\n## ")[0]
     nan_rows = [x for x in divergences.splitlines() if f"`{NAN_METHOD}`" in x]

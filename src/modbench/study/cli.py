@@ -132,7 +132,8 @@ def run(
     c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
                   ensembles=ensembles, progress=progress, options=options)
     typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
-               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['failed']} failed"
+               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['stalled']} stalled, "
+               f"{c['failed']} failed"
                + (f", {c['busy']} held by other workers" if c["busy"] else "")
                + (f", {c['added_seeds']} seeds added" if until_decided else ""))
     for f in c["failures"]:
@@ -168,8 +169,8 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
         s = r["summary"] or {}
         loss = s.get("final_val_loss")
         extra = f"val {loss:.4f}" if isinstance(loss, float) else ""
-        if r["status"] == "diverged":
-            extra = f"diverged at step {s.get('diverged_at_step')}"
+        if r["status"] in ("diverged", "stalled"):
+            extra = f"{r['status']} at step {s.get(r['status'] + '_at_step')}"
         if r["state"] == "failed":
             extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
         if r["state"] == "interrupted":

@@ -457,7 +457,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
                           yaml.safe_dump(spec.to_dict(), sort_keys=False))
         store.release_dead()
         counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
-                                  "failed": 0, "busy": 0, "diverged": 0, "added_seeds": 0}
+                                  "failed": 0, "busy": 0, "diverged": 0, "stalled": 0,
+                                  "added_seeds": 0}
         failures: list[str] = []
         gpus = ex.gpus_per_job
         nproc = nproc_for(gpus)
@@ -491,6 +492,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
             for res in results:
                 counts[res.outcome] += 1
                 counts["diverged"] += res.status == "diverged"
+                counts["stalled"] += res.status == "stalled"
                 if res.error:
                     failures.append(f"{res.label}: {res.error}")
                 bar.finished(res)
