@@ -5,6 +5,7 @@ causality of adaptive RMSNorm, and the batch-statistic norms' train/eval behavio
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from modbench.config import ModelConfig
 from modbench.methods import load_all, parse_methods
 from modbench.methods.build import build_model, plan
 from modbench.model.transformer import Builder
+from tests.helpers import tiny
 from tests.methods.norm_reference import reference_logits
 from tests.reference import randomize_gains, rms
 
@@ -313,3 +315,22 @@ def test_step_callback_sets_the_step() -> None:
 def test_builder_norm_sites_use_the_norm_slot() -> None:
     p = plan(cfg_for("ssnorm"))
     assert type(Builder(p.spec, p.cfg).norm("final", 2)).__name__ == "SingleScaleRMSNorm"
+
+
+def test_a_loaded_run_computes_what_its_last_validation_did(tmp_path: Path) -> None:
+    """``load_run`` (eval, diagnose, export, remove-norm) sets step-dependent modules to the
+    step of the run's last batch: the loaded model's validation loss is the summary's. Before,
+    PRepBN's lambda stayed at step 0's (1: plain RMSNorm), another function (eval_mix=true; the
+    default evaluates RepBN alone, whatever the step)."""
+    method = "prepbn(eval_mix=true,warm_steps=2,decay_steps=20)"
+    from modbench.eval.run import load_run
+    from modbench.runtime.data import open_data
+    from modbench.runtime.loss import validation_loss
+    from modbench.train.trainer import train
+
+    summary = train(tiny(method, 0, 12, "train.eval_every=0"), tmp_path / "run", progress=False)
+    cfg, model, step = load_run(tmp_path / "run")
+    assert step == 12
+    got = validation_loss(model, open_data(cfg, progress=False), cfg.train.eval_sequences,
+                          cfg.train.batch_size, torch.device("cpu"))
+    assert got == pytest.approx(summary["final_val_loss"], rel=1e-6)

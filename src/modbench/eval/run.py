@@ -21,6 +21,7 @@ from modbench.config import resolve
 from modbench.errors import ModbenchError
 from modbench.eval.probes import probe_sets, score
 from modbench.fsutil import atomic_write_text
+from modbench.methods._common import set_step
 from modbench.methods.build import build_model
 from modbench.runtime.checkpoint import load_checkpoint
 from modbench.runtime.data import open_data
@@ -33,7 +34,11 @@ DEFAULT_PROBE_ITEMS = 200
 
 def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, torch.nn.Module,
                                                                          int]:
-    """The run's config, its model with the last checkpoint's weights, and that step."""
+    """The run's config, its model with the last checkpoint's weights, and that step.
+
+    Step-dependent modules (PowerNorm's warm-up, PRepBN's lambda) are set to the step of the
+    checkpoint's last batch, as the trainer left them for its last validation, so the loaded
+    model computes the function the run was validated with."""
     cfg_file = run_dir / CONFIG
     if not cfg_file.is_file():
         raise ModbenchError(f"{run_dir} is not a run folder (no config.yaml); pass the --out "
@@ -42,8 +47,10 @@ def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, to
     state = load_checkpoint(run_dir / CHECKPOINT)
     model = build_model(cfg.model, seed=cfg.seed)
     model.load_state_dict(state["model"])
+    step = int(state["step"])
+    set_step(model, max(step - 1, 0), cfg.train.steps)
     model.to(device or "cpu").eval()
-    return cfg, model, int(state["step"])
+    return cfg, model, step
 
 
 def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] | None = None,

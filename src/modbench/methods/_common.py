@@ -17,6 +17,15 @@ def baseline_norm_count(cfg: ModelConfig) -> int:
     return 2 * cfg.n_layers + 1
 
 
+def set_step(model: nn.Module, step: int, total: int) -> None:
+    """Tell the step-dependent modules of ``model`` (PowerNorm's warm-up, PRepBN's lambda)
+    the 0-based optimizer ``step`` of a run of ``total`` steps."""
+    for m in model.modules():
+        fn = getattr(m, "modbench_set_step", None)
+        if callable(fn):
+            fn(step, total)
+
+
 class StepCallback(Callback):
     """Trainer callback that tells step-dependent modules the current optimizer step.
 
@@ -26,11 +35,7 @@ class StepCallback(Callback):
     """
 
     def _apply(self, trainer: Any, step: int) -> None:
-        total = trainer.cfg.train.steps
-        for m in trainer.model.modules():
-            fn = getattr(m, "modbench_set_step", None)
-            if callable(fn):
-                fn(step, total)
+        set_step(trainer.model, step, trainer.cfg.train.steps)
 
     def on_train_start(self, trainer: Any) -> None:
         self._apply(trainer, trainer.step)
