@@ -25,7 +25,10 @@ COMBOS = ["post_ln+qknorm", "post_ln+qknorm+layerscale"]
 # nGPT does not carry the shared learning rate over to width 64: under the frozen recipe it
 # drops ~0.1 nats in 30 tiny steps (0.54 at lr 1e-2, and it beats the baseline at 300 steps
 # with lr 1e-2); it must still improve.
-MIN_DROP = {"ngpt": 0.05}
+# unified_norm validates with its running psi^2 (EMA, momentum 0.9 from 1, as published),
+# which lags the batch statistic in a 30-step run: validation drops 0.23 (0.94 at momentum
+# 0.5) while the training loss drops by more than 0.3.
+MIN_DROP = {"ngpt": 0.05, "unified_norm": 0.15}
 
 
 @pytest.mark.parametrize("method", ALL + COMBOS)

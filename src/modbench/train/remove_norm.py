@@ -121,6 +121,9 @@ UNSUPPORTED: dict[str, str] = {
     "powernorm": "PowerNorm normalises by running batch statistics, not a per-token "
                  "LayerNorm/RMSNorm statistic",
     "prepbn": "PRepBN normalises by batch statistics (BatchNorm), not a per-token statistic",
+    "unified_norm": "Unified Normalization normalises by (smoothed) batch statistics, not a "
+                    "per-token statistic; in evaluation it is already a fixed affine map "
+                    "(fuse_unified_norms folds it into the next linear layers)",
     "crmsnorm": "CRMSNorm works on a compressed stream with its own norm, not LayerNorm or "
                 "RMSNorm",
     "ngpt": "nGPT normalises hidden states and weights to the unit sphere everywhere, not at "
