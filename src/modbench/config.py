@@ -112,7 +112,7 @@ class RecipeConfig:
     """Optimizer and schedule, frozen across methods (a method may declare exceptions)."""
 
     name: str = "cpu"
-    optimizer: str = "adamw"  # adamw | adam
+    optimizer: str = "adamw"  # adamw | adam | muon (modbench.train.optim.MuonAdamW)
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -123,13 +123,32 @@ class RecipeConfig:
     schedule: str = "cosine"  # cosine | linear | constant (after warm-up)
     min_lr_ratio: float = 0.1  # the schedule ends at min_lr_ratio * lr
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
+    # optimizer=muon only: Muon on the hidden matrices (the rest keeps AdamW above); its lr is
+    # muon_lr_ratio x the schedule's lr, then scaled per matrix by muon_adjust_lr
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_adjust_lr: str = "match_rms_adamw"  # match_rms_adamw | original
+    muon_lr_ratio: float = 1.0
     note: str = ""
 
     def validate(self) -> None:
-        if self.optimizer not in ("adamw", "adam"):
+        if self.optimizer not in ("adamw", "adam", "muon"):
             raise ModbenchError(
-                f"recipe.optimizer must be 'adamw' or 'adam', got {self.optimizer!r}"
+                f"recipe.optimizer must be 'adamw', 'adam' or 'muon', got {self.optimizer!r}"
             )
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ModbenchError(
+                f"recipe.muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ModbenchError(
+                f"recipe.muon_ns_steps must be in [1, 99], got {self.muon_ns_steps}")
+        if self.muon_adjust_lr not in ("match_rms_adamw", "original"):
+            raise ModbenchError("recipe.muon_adjust_lr must be 'match_rms_adamw' or 'original', "
+                                f"got {self.muon_adjust_lr!r}")
+        if not 0 < self.muon_lr_ratio < math.inf:
+            raise ModbenchError(
+                f"recipe.muon_lr_ratio must be positive and finite, got {self.muon_lr_ratio}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ModbenchError(
                 f"recipe.schedule must be cosine, linear or constant, got {self.schedule!r}"

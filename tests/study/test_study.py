@@ -84,6 +84,12 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         assert before["train"].pop("stall_margin") == 0.1
         assert before["train"].pop("stall_patience") == 0.5
         assert before["train"].pop("stall_min_steps") == 100
+        # recipe.optimizer=muon's keys at their defaults (issue 18)
+        assert before["recipe"].pop("muon_momentum") == 0.95
+        assert before["recipe"].pop("muon_nesterov") is True
+        assert before["recipe"].pop("muon_ns_steps") == 5
+        assert before["recipe"].pop("muon_adjust_lr") == "match_rms_adamw"
+        assert before["recipe"].pop("muon_lr_ratio") == 1.0
         blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
         assert r.key == hashlib.sha256(blob.encode()).hexdigest()[:16]
 

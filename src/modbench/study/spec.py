@@ -242,6 +242,11 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "stall_margin"): 0.1,
     ("train", "stall_patience"): 0.5,
     ("train", "stall_min_steps"): 100,
+    ("recipe", "muon_momentum"): 0.95,
+    ("recipe", "muon_nesterov"): True,
+    ("recipe", "muon_ns_steps"): 5,
+    ("recipe", "muon_adjust_lr"): "match_rms_adamw",
+    ("recipe", "muon_lr_ratio"): 1.0,
 }
 
 

@@ -93,7 +93,7 @@ def train_command(
     cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
                   overrides=overrides)
     if nproc is not None and nproc > 1:
-        check_world(cfg.train, nproc, len(seed_list) or 1)
+        check_world(cfg.train, nproc, len(seed_list) or 1, cfg.recipe.optimizer)
     if out is None:
         if resume:
             raise ModbenchError("--resume needs --out, the folder of the run to continue")

@@ -178,8 +178,12 @@ def local_batch(tc: TrainConfig, world: int) -> tuple[int, int]:
     return local, local // mb
 
 
-def check_world(tc: TrainConfig, world: int, members: int = 1) -> None:
+def check_world(tc: TrainConfig, world: int, members: int = 1,
+                optimizer: str = "adamw") -> None:
     """Refuse what a run of ``world`` processes cannot do (one line each)."""
+    if world > 1 and optimizer == "muon":
+        raise ModbenchError(f"recipe.optimizer=muon trains in one process only, not across "
+                            f"{world}; drop --nproc or use recipe.optimizer=adamw")
     if world > 1 and members > 1:
         raise ModbenchError(f"stacked seeds (--seeds) cannot train across {world} processes; "
                             "train the seeds one at a time with --seed, or drop --nproc")

@@ -217,7 +217,7 @@ class Trainer:
             for k, (c, o) in enumerate(zip(cfgs, outs, strict=True))]
         # several processes (torchrun): this one's rank; what they cannot do fails here
         self.world = current_world()
-        check_world(tc, self.world.size, len(self.members))
+        check_world(tc, self.world.size, len(self.members), self.cfg.recipe.optimizer)
         if tc.activation_checkpointing and len(self.members) > 1:
             raise ModbenchError("train.activation_checkpointing cannot be used with stacked "
                                 "seeds (--seeds); train the seeds one at a time or set "
