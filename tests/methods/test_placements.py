@@ -49,6 +49,21 @@ def test_hybrid_norm_equation() -> None:
     check("hybrid_norm", lambda s, i: s in ("attn.residual", "final"), qkv_norm=True)
 
 
+def test_hybrid_norm_seed002_equation() -> None:
+    # seed 002 Appendix B.15: x' = x + Attn(N(x)); y = N(x' + FFN(x')); final norm; no QKV norms
+    check("hybrid_norm(form=seed002)", lambda s, i: s in ("attn.pre", "ffn.residual", "final"))
+    p = plan(cfg_for("hybrid_norm(form=seed002)"))
+    base = plan(cfg_for("baseline"))
+    assert p.count_params() == base.count_params()  # two d-wide norms per block, as baseline
+
+
+def test_hybrid_norm_forms_refused_in_one_line() -> None:
+    with pytest.raises(ModbenchError, match="must be one of zhuo, seed002"):
+        plan(cfg_for("hybrid_norm(form=olmo)"))
+    with pytest.raises(ModbenchError, match="no seed002 form"):
+        plan(cfg_for("hybrid_norm_star(form=seed002)"))
+
+
 def test_hybrid_norm_star_equation() -> None:
     def sites(s: str, i: int) -> bool:
         if i == 0:

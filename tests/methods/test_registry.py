@@ -21,7 +21,7 @@ from modbench.train.trainer import train
 from tests.helpers import read_metrics, tiny
 
 ALL = sorted(load_all())
-COMBOS = ["post_ln+qknorm", "post_ln+qknorm+layerscale"]
+COMBOS = ["post_ln+qknorm", "post_ln+qknorm+layerscale", "hybrid_norm(form=seed002)"]
 # nGPT does not carry the shared learning rate over to width 64: under the frozen recipe it
 # drops ~0.1 nats in 30 tiny steps (0.54 at lr 1e-2, and it beats the baseline at 300 steps
 # with lr 1e-2); it must still improve.

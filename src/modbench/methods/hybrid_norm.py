@@ -17,6 +17,16 @@ via Hybrid Normalization" (arXiv 2503.04598); code BryceZhuo/HybridNorm (OLMo co
 ``attn_norm: false, use_query_norm/use_key_norm/use_value_norm: true, ffn_norm: true,
 ffn_residual_after_norm: true``).
 
+Option ``form``: ``zhuo`` (the default, the form above) or ``seed002``, the form seed 002
+trains and describes (its Appendix B.15: "the attention block uses Pre-LN (RMSNorm before
+projection, residual add after), while the FFN block uses Post-LN (RMSNorm after residual
+add)")::
+
+    x' = x + Attn(N(x));   y = N(x' + FFN(x'))
+
+with no q/k/v norms and the final norm kept (as ``post_ln`` keeps it); parameters as the
+baseline (two d-wide norms per block). ``hybrid_norm_star`` has no seed-002 form.
+
 Init: gains 1, weights as the baseline.
 
 Slots: ``placement``; ``attn.q_norm`` and ``attn.k_norm`` with the same per-head RMSNorm as
@@ -31,10 +41,13 @@ input norms instead of the ``attn.residual`` one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from modbench.config import ModelConfig
+from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.norms import RMSNorm
 from modbench.model.spec import ModelSpec, Placement
@@ -63,6 +76,14 @@ def hybrid_placement(star: bool) -> Placement:
     return placement
 
 
+SEED002_SITES = ("attn.pre", "ffn.residual", "final")
+FORMS = ("zhuo", "seed002")
+
+
+def seed002_placement(site: str, layer: int, n_layers: int) -> bool:
+    return site in SEED002_SITES
+
+
 def head_norm(c: ModelConfig, layer: int) -> nn.Module:
     return RMSNorm(c.head_dim, c.norm_eps)
 
@@ -80,14 +101,30 @@ class HybridNorm(Method):
     summary = "QKV-norm attention without input norm; FFN post-norm with residual after the norm."
     star = False
 
+    @dataclass
+    class Options:
+        form: str = "zhuo"  # zhuo (Zhuo et al.'s code) | seed002 (seed 002's Appendix B.15)
+
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
+        if self.opts.form not in FORMS:
+            raise ModbenchError(f"option form={self.opts.form!r} of method '{self.name}' must "
+                                f"be one of {', '.join(FORMS)}")
+        if self.opts.form == "seed002":
+            if self.star:
+                raise ModbenchError("hybrid_norm_star has no seed002 form; use "
+                                    "hybrid_norm(form=seed002)")
+            spec.fill("placement", seed002_placement, by=self.name)
+            return
         spec.fill("placement", hybrid_placement(self.star), by=self.name)
         spec.fill("attn.q_norm", head_norm, by=self.name, key="rmsnorm-head")
         spec.fill("attn.k_norm", head_norm, by=self.name, key="rmsnorm-head")
         spec.fill("attn.v_path", value_norm, by=self.name, key="rmsnorm-head-v")
 
     def extra_params(self, cfg: ModelConfig) -> int:
-        # baseline: 2 d per layer; HybridNorm: d (attn.residual) + 3 d_h per layer.
+        # baseline: 2 d per layer; HybridNorm: d (attn.residual) + 3 d_h per layer; the
+        # seed-002 form: 2 d per layer (attn.pre, ffn.residual), as the baseline
+        if self.opts.form == "seed002":
+            return 0
         per_layer = 3 * cfg.head_dim - cfg.d_model
         star = cfg.d_model if self.star else 0  # block 0: two input norms instead of one
         return per_layer * cfg.n_layers + star
