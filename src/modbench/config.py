@@ -227,6 +227,11 @@ class TrainConfig:
     stall_patience: float = 0.5  # fraction of the steps after warm-up, in [0, 1]
     stall_min_steps: int = 100
 
+    def logs(self, done: int) -> bool:
+        """Whether ``metrics.jsonl`` logs the training record after ``done`` steps: every
+        ``log_every`` steps (0 or 1: every step) and the last."""
+        return done % max(self.log_every, 1) == 0 or done == self.steps
+
     def validate(self) -> None:
         if self.steps <= 0:
             raise ModbenchError(f"train.steps must be positive, got {self.steps}")

@@ -50,7 +50,7 @@ from torch import nn
 
 from modbench.errors import ModbenchError
 from modbench.runtime.callback import Callback, TrainingRun
-from modbench.runtime.device import autocast_for
+from modbench.runtime.device import autocast_for, compiles
 
 RECORD_KEY = "layers"
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (total + 1e-6)
@@ -62,17 +62,14 @@ def logged_step(run: TrainingRun, step: int) -> bool:
     the steps done (or it is the last)."""
     tc = run.cfg.train
     done = step + 1
-    if done == tc.steps:
-        return True
     every = tc.log_layers_every
-    return done % max(tc.log_every, 1) == 0 and (every <= 0 or done % every == 0)
+    return tc.logs(done) and (done == tc.steps or every <= 0 or done % every == 0)
 
 
 def compiled_forward(run: TrainingRun) -> bool:
     """Whether the training forward runs through ``torch.compile`` (``train.compile``: true,
     or ``auto`` on CUDA), so hooks on the model's modules must not be used."""
-    setting: Any = run.cfg.train.compile
-    return setting is True or (setting == "auto" and run.device.type == "cuda")
+    return compiles(run.cfg.train.compile, run.device)
 
 
 def decoder_sites(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:

@@ -32,6 +32,12 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractC
 
 
 
+def compiles(setting: bool | str, device: torch.device) -> bool:
+    """Whether ``train.compile`` = ``setting`` compiles the step on ``device``: ``true``
+    anywhere, ``auto`` on CUDA only (:func:`compiled`)."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
 def compiled(fn: Callable[..., Any], setting: bool | str,
              device: torch.device) -> Callable[..., Any]:
     """``fn`` (a model or a function of tensors) as the step runs it under ``train.compile``:
@@ -41,7 +47,7 @@ def compiled(fn: Callable[..., Any], setting: bool | str,
     ``auto`` a model that fails to compile is run eagerly after a warning that names the
     error: compilation changes speed, not results (the eager and compiled paths agree to
     rounding; tests/test_cuda.py), so a run is not lost to it. Under ``true`` it fails."""
-    if setting is False or (setting == "auto" and device.type != "cuda"):
+    if not compiles(setting, device):
         return fn
     graph = torch.compile(fn)
     if setting is True:

@@ -66,12 +66,20 @@ class MetricsLog:
         self._file.close()
 
 
-def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """Every record of a run's ``metrics.jsonl`` (none when the file is missing)."""
+def read_metrics(run: Path, upto: int | None = None) -> list[dict[str, Any]]:
+    """Every record of a run's ``metrics.jsonl`` (none when the file is missing); ``upto``:
+    only its first ``upto`` bytes (the log as of a checkpoint's ``metrics_offset``)."""
     path = Path(run) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    with open(path, "rb") as f:
+        text = f.read(-1 if upto is None else upto).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def val_points(records: list[dict[str, Any]]) -> list[tuple[int, float | None]]:
+    """The (step, validation loss) of each validation record, in log order."""
+    return [(int(r["step"]), r.get("val_loss")) for r in records if r.get("kind") == "val"]
 
 
 CURVES = ("loss", "grad_norm", "val_loss")  # per-step fields of metrics.jsonl records

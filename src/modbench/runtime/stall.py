@@ -43,7 +43,7 @@ import yaml
 from modbench.config import RunConfig, from_dict
 from modbench.data.unigram import UnigramLevel, unigram_level
 from modbench.errors import ModbenchError
-from modbench.runtime.runfolder import CONFIG, read_metrics
+from modbench.runtime.runfolder import CONFIG, read_metrics, val_points
 
 
 def stalled_at(vals: Sequence[tuple[int, float | None]], level: float, *, steps: int,
@@ -112,8 +112,7 @@ def judge_run_folder(run_dir: Path) -> StallCheck | None:
         tree.pop("meta", None)
         cfg = from_dict(tree)
         cfg = replace(cfg, data=replace(cfg.data, verify=False))  # read, not re-checked
-        vals = [(int(r["step"]), r.get("val_loss")) for r in read_metrics(Path(run_dir))
-                if r.get("kind") == "val"]
+        vals = val_points(read_metrics(Path(run_dir)))
         if not vals:
             return None
         level = unigram_level(open_data(cfg, progress=False), cfg.train.eval_sequences)

@@ -203,11 +203,6 @@ def summary_values(summary: Mapping[str, Any]) -> dict[str, float]:
                     if k not in ("last_grad_norms", "seed", "data_seed", "stacked_seeds")})
 
 
-def logged(cfg: RunConfig, step: int) -> bool:
-    """Whether ``metrics.jsonl`` logs the training record of ``step`` (steps done)."""
-    return step % max(cfg.train.log_every, 1) == 0 or step == cfg.train.steps
-
-
 def resolved_config(run: TrainingRun) -> dict[str, Any]:
     """The run's ``config.yaml`` as written (with ``meta``), else its config."""
     with contextlib.suppress(OSError, yaml.YAMLError):
@@ -296,7 +291,7 @@ class WandbTracker(_Tracker):
             "dir": self.run.dir})
 
     def on_step_end(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
-        if self.run is not None and logged(run.cfg, int(record["step"])):
+        if self.run is not None and run.cfg.train.logs(int(record["step"])):
             self.run.log({"step": int(record["step"]), **train_values(record)})
 
     def on_eval(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
@@ -343,7 +338,7 @@ class TensorBoardTracker(_Tracker):
         _write_record(run.out, "tensorboard", {"log_dir": str(log_dir.resolve())})
 
     def on_step_end(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
-        if self.writer is not None and logged(run.cfg, int(record["step"])):
+        if self.writer is not None and run.cfg.train.logs(int(record["step"])):
             for tag, v in train_values(record).items():
                 self.writer.add_scalar(tag, v, int(record["step"]))
 

@@ -68,6 +68,8 @@ from modbench.runtime.runfolder import (
     SUMMARY,
     MetricsLog,
     code_version,
+    read_metrics,
+    val_points,
 )
 from modbench.runtime.stall import StallCheck, check_stall, summary_fields
 from modbench.train.distributed import (
@@ -395,7 +397,7 @@ class Trainer:
                   "tokens_per_s": self._tokens(1) / dt,
                   "tokens": self._tokens(done)}
         self._emit([m], "on_step_end", step, record)
-        if done % max(self.cfg.train.log_every, 1) == 0 or done == self.cfg.train.steps:
+        if self.cfg.train.logs(done):
             m.log.write(record)
 
     def _validate(self, m: Member, step: int) -> float:
@@ -488,7 +490,9 @@ class Trainer:
                           final=step == m.cfg.train.steps and "last_val_loss" in state)
         m.prog.grad_norms.extend((int(s), g) for s, g in state.get("grad_norms", ()))
         m.prog.vals = ([(int(s), v) for s, v in state["val_history"]] if "val_history" in state
-                       else _logged_vals(m.out / METRICS, int(state["metrics_offset"])))
+                       # a checkpoint from before val_history: its log up to the checkpoint
+                       # (none where this process cannot see the folder: later points only)
+                       else val_points(read_metrics(m.out, int(state["metrics_offset"]))))
         return int(state["metrics_offset"])
 
     def _fresh(self, m: Member, init_from: dict[str, Any] | None) -> int | None:
@@ -618,18 +622,6 @@ def _with_defaults(stored: Any) -> Any:
         return from_dict(stored).to_dict() if isinstance(stored, dict) else stored
     except ModbenchError:
         return stored
-
-
-def _logged_vals(path: Path, offset: int) -> list[tuple[int, float | None]]:
-    """The validation points of a metrics log as of a checkpoint (its first ``offset``
-    bytes): the history a checkpoint written before it recorded ``val_history`` lacks."""
-    try:
-        with open(path, "rb") as f:
-            lines = f.read(offset).decode().splitlines()
-    except OSError:  # not on this process's disk: the stall rule sees later points only
-        return []
-    records = [json.loads(line) for line in lines if line.strip()]
-    return [(int(r["step"]), r.get("val_loss")) for r in records if r.get("kind") == "val"]
 
 
 def _resume_points(members: list[Member]) -> dict[int, Path]:
