@@ -97,6 +97,16 @@ class LinearWrapper(Protocol):
                  cfg: ModelConfig, /) -> nn.Module: ...
 
 
+class TiePlan(Protocol):
+    """Slot ``tie``: the layer whose module ``layer`` reuses. ``kind`` is ``core`` (``name`` a
+    sublayer: the whole attention or FFN core), ``linear`` (``name`` a role: the linear layer
+    the ``linear`` slot made, before the linear wrappers) or ``norm`` (``name`` a site: the
+    norm the ``norm`` slot made, before the norm wrappers). ``layer`` itself means its own
+    module; an earlier layer means that layer's module, shared (the same parameters)."""
+
+    def __call__(self, kind: str, name: str, layer: int, /) -> int: ...
+
+
 # ------------------------------------------------------------------ the slot table
 
 
@@ -161,6 +171,10 @@ SLOTS: dict[str, SlotInfo] = {s.name: s for s in (
           "one additive lane"),
     _slot("logits", ModelPartFactory, "transform of the final logits: `(logits) -> logits`",
           "unfilled: Identity", optional=True),
+    _slot("tie", TiePlan,
+          "weight sharing across layers: `(kind, name, layer) -> source layer` for cores, "
+          "linear layers (before wrappers) and norms (before wrappers)",
+          "unfilled: every layer its own", optional=True),
     _slot("norm_wrappers", NormWrapper,
           "wraps the module at every norm site (a norm or Identity)", "none", additive=True),
     _slot("linear_wrappers", LinearWrapper, "wraps every linear layer", "none", additive=True),
@@ -173,6 +187,7 @@ PartSlot = Literal["attn.q_norm", "attn.k_norm", "attn.qk_post", "attn.v_path", 
                    "ffn.act"]
 CoreSlot = Literal["attn", "ffn", "attn.out_gate"]
 ModelPartSlot = Literal["stream", "logits"]
+TIE_KINDS = ("core", "linear", "norm")
 AnyFactory = Callable[..., Any]
 
 
@@ -234,6 +249,8 @@ class ModelSpec:
     @overload
     def fill(self, slot: ModelPartSlot, value: ModelPartFactory, *, by: str,
              key: Any = None) -> None: ...
+    @overload
+    def fill(self, slot: Literal["tie"], value: TiePlan, *, by: str, key: Any = None) -> None: ...
     def fill(self, slot: str, value: AnyFactory, *, by: str, key: Any = None) -> None:
         """Fill an exclusive slot. ``key`` identifies the filler for conflict checks
         (defaults to ``by``): two methods may fill a slot only with the same key.
@@ -277,6 +294,8 @@ class ModelSpec:
     def get(self, slot: Literal["merge"]) -> MergeFactory: ...
     @overload
     def get(self, slot: ModelPartSlot) -> ModelPartFactory: ...
+    @overload
+    def get(self, slot: Literal["tie"]) -> TiePlan: ...
     @overload
     def get(self, slot: str) -> AnyFactory: ...
 
@@ -324,6 +343,7 @@ class Parts:
     def __init__(self) -> None:
         self._linear: dict[tuple[str, int], nn.Module] = {}
         self._norm: dict[tuple[str, int], nn.Module] = {}
+        self._core: dict[tuple[str, int], nn.Module] = {}
 
     @staticmethod
     def _record(table: dict[tuple[str, int], nn.Module], kind: str, name: str, layer: int,
@@ -338,6 +358,17 @@ class Parts:
 
     def add_norm(self, site: str, layer: int, module: nn.Module) -> None:
         self._record(self._norm, "norm site", site, layer, module)
+
+    def add_core(self, sublayer: str, layer: int, module: nn.Module) -> None:
+        self._record(self._core, "core", sublayer, layer, module)
+
+    def core(self, sublayer: str, layer: int) -> nn.Module:
+        """The core (``attn`` or ``ffn``) of ``layer``, as built (shared under the ``tie``
+        slot: the same module as the layer it reuses)."""
+        key = (self._known(sublayer, SUBLAYERS, "sublayer"), layer)
+        if key not in self._core:
+            raise KeyError(f"the model has no {sublayer!r} core in layer {layer}")
+        return self._core[key]
 
     @staticmethod
     def _known(name: str, names: tuple[str, ...], kind: str) -> str:
@@ -377,6 +408,13 @@ class Parts:
         return f"Parts({len(self._linear)} linear layers, {len(self._norm)} norm sites)"
 
 
+def shares_parameters(model: nn.Module) -> bool:
+    """Whether one parameter sits under two names of ``model`` (layers tied by the ``tie``
+    slot)."""
+    every = sum(1 for _ in model.named_parameters(remove_duplicate=False))
+    return every != sum(1 for _ in model.parameters())
+
+
 def parts_of(model: nn.Module) -> Parts:
     """The :class:`Parts` index of a built decoder (``model.parts``)."""
     parts = getattr(model, "parts", None)
@@ -393,18 +431,63 @@ class Builder:
     def __init__(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         self.spec, self.cfg = spec, cfg
         self.parts = Parts()
+        # every core, base linear and base norm made so far, by (kind, name, layer): what a
+        # later layer reuses under the tie slot (per build, so two models never share)
+        self._made: dict[tuple[str, str, int], nn.Module] = {}
+
+    def _reuse(self, kind: str, name: str, layer: int) -> nn.Module | None:
+        """The earlier layer's module ``layer`` shares under the ``tie`` slot, or None."""
+        if "tie" not in self.spec.fills:
+            return None
+        src = self.spec.get("tie")(kind, name, layer)
+        if src == layer:
+            return None
+        module = self._made.get((kind, name, src)) if isinstance(src, int) else None
+        if module is None or not src < layer:
+            raise ValueError(
+                f"the tie slot ({self.spec.owner('tie')}) maps {kind} {name!r} of layer {layer} "
+                f"to layer {src!r}, which has built none; a layer can only reuse a module an "
+                "earlier layer built")
+        return module
+
+    def _base(self, kind: str, name: str, layer: int, make: Callable[[], nn.Module]
+              ) -> nn.Module:
+        m = self._reuse(kind, name, layer)
+        if m is None:
+            m = make()
+        self._made[(kind, name, layer)] = m
+        return m
 
     def linear(self, role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
-        m = self.spec.get("linear")(role, d_in, d_out, layer)
+        m = self._base("linear", role, layer,
+                       lambda: self.spec.get("linear")(role, d_in, d_out, layer))
         for wrap in self.spec.wrappers("linear_wrappers"):
             m = wrap(m, role, d_in, d_out, layer, self.cfg)
         self.parts.add_linear(role, layer, m)
         return m
 
+    def core(self, sublayer: str, layer: int) -> nn.Module:
+        """The ``attn`` or ``ffn`` core of ``layer`` (its slot's factory, or the module of
+        the layer it reuses under the ``tie`` slot, whose linear layers it then lists)."""
+        shared = self._reuse("core", sublayer, layer)
+        if shared is None:
+            m = self.spec.get(sublayer)(self.cfg, self, layer)  # type: ignore[call-overload]
+        else:
+            m = shared
+            src = next(i for (k, n, i), v in self._made.items()
+                       if k == "core" and n == sublayer and v is shared)
+            for role in LINEAR_ROLES:
+                if self.parts.has_linear(role, src) and not self.parts.has_linear(role, layer):
+                    self.parts.add_linear(role, layer, self.parts.linear(role, src))
+        self._made[("core", sublayer, layer)] = m
+        self.parts.add_core(sublayer, layer, m)
+        return m
+
     def norm(self, site: str, layer: int, dim: int | None = None) -> nn.Module:
         dim = self.cfg.d_model if dim is None else dim
         present = self.spec.get("placement")(site, layer, self.cfg.n_layers)
-        m = self.spec.get("norm")(dim, self.cfg.norm_eps, site, layer) if present else nn.Identity()
+        m = self._base("norm", site, layer, lambda: self.spec.get("norm")(
+            dim, self.cfg.norm_eps, site, layer)) if present else nn.Identity()
         for wrap in self.spec.wrappers("norm_wrappers"):
             m = wrap(m, site, layer, self.cfg)
         self.parts.add_norm(site, layer, m)

@@ -60,8 +60,8 @@ class Block(nn.Module):
     def __init__(self, build: Builder, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.attn = Sublayer("attn", build.slot("attn", build.cfg, build, layer), build, layer)
-        self.ffn = Sublayer("ffn", build.slot("ffn", build.cfg, build, layer), build, layer)
+        self.attn = Sublayer("attn", build.core("attn", layer), build, layer)
+        self.ffn = Sublayer("ffn", build.core("ffn", layer), build, layer)
 
     def forward(self, stream: nn.Module, ctx: ForwardContext) -> None:
         state = ctx.stream

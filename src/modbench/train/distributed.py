@@ -73,6 +73,7 @@ from torch import nn
 
 from modbench.config import RunConfig, TrainConfig, dump_yaml, resolve
 from modbench.errors import ModbenchError
+from modbench.model.spec import shares_parameters
 from modbench.runtime.device import compiled
 from modbench.runtime.loss import lm_loss
 from modbench.runtime.runfolder import SUMMARY
@@ -217,6 +218,10 @@ class DistributedEngine:
         # whole on every process, their gradients averaged here (an all-reduce of scalars)
         self.replicated: list[nn.Parameter] = []
         wrapped: nn.Module
+        if parallel == "fsdp" and shares_parameters(model):
+            raise ModbenchError("train.parallel=fsdp cannot shard a model whose layers share "
+                                "weights (a method fills the tie slot); use "
+                                "train.parallel=ddp")
         if parallel == "fsdp":
             self.replicated = [p for p in model.parameters() if p.ndim == 0]
             wrapped = _fully_shard(model, device, world.size, set(self.replicated))
