@@ -132,6 +132,8 @@ UNSUPPORTED: dict[str, str] = {
                          "residual stream",
     "attnres": "its depth attention divides by each source's RMS inside the residual stream",
     "tokenformer": "Pattention L2-normalises its scores per token inside the core",
+    "three_phase": "its per-channel RMSNorm divides each of the N channels by its own RMS, "
+                   "not one LayerNorm/RMSNorm statistic per token",
 }
 
 
