@@ -71,6 +71,16 @@ class ModelConfig:
     # The attention then works at width n_heads * d_h and projects back to d_model (used by
     # Pre-CRMSNorm, whose residual stream is d - 1 wide while the heads keep their size).
     attn_head_dim: int | None = None
+    # The training sequence length where it differs from max_seq_len (None: the same). Not
+    # set by hand: resolve() and the trainer copy it from train.seq_len. The constants the
+    # sources tie to the training length (sigmoid's -log n, SSMax's 1 / log n) read
+    # ``trained_seq_len``; a run folder from before this key reads max_seq_len, as it trained.
+    train_seq_len: int | None = None
+
+    @property
+    def trained_seq_len(self) -> int:
+        """The sequence length the model trains at (``train.seq_len``)."""
+        return self.max_seq_len if self.train_seq_len is None else self.train_seq_len
 
     @property
     def head_dim(self) -> int:
@@ -105,6 +115,10 @@ class ModelConfig:
             )
         for key in ("rope_theta", "norm_eps", "init_std"):
             _at_least(f"model.{key}", getattr(self, key), 0.0, strict=key == "rope_theta")
+        if self.train_seq_len is not None and not 2 <= self.train_seq_len <= self.max_seq_len:
+            raise ModbenchError(
+                f"model.train_seq_len={self.train_seq_len} must be in [2, model.max_seq_len="
+                f"{self.max_seq_len}]; leave it empty, it is copied from train.seq_len")
 
 
 @dataclass
@@ -305,6 +319,12 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     recipe_exceptions: dict[str, Any] = field(default_factory=dict)
+
+    def sync_seq_len(self) -> None:
+        """Copy ``train.seq_len`` into ``model.train_seq_len`` where the two lengths differ
+        (None where ``train.seq_len`` equals ``model.max_seq_len``)."""
+        seq = self.train.seq_len
+        self.model.train_seq_len = None if seq == self.model.max_seq_len else seq
 
     def validate(self) -> None:
         if self.preset not in PRESETS:
@@ -519,6 +539,10 @@ def resolve(
         cfg.train.steps = steps
     for item in overrides or []:
         apply_override(cfg, item)
+    if cfg.model.train_seq_len not in (None, cfg.train.seq_len):
+        raise ModbenchError(f"model.train_seq_len={cfg.model.train_seq_len} is copied from "
+                            "train.seq_len, not set by hand; set train.seq_len instead")
+    cfg.sync_seq_len()
     cfg.validate()
     return cfg
 

@@ -55,6 +55,7 @@ POOLS: dict[str, list[Any]] = {
     "model.tie_embeddings": [True, False, "yes", 0],
     "model.init_std": [0.02, 0, -1, 1e30],
     "model.attn_head_dim": [None, 8, 16, 0, -2, 7],
+    "model.train_seq_len": [None, 32, 64, 0, 1000],
     "recipe.name": ["cpu", "seed002", "nope", None],
     "recipe.optimizer": ["adam", "adamw", "muon", "sgd", 1],
     "recipe.lr": [1e-3, 0, -1, 1e30, ".inf", "fast", None, "1e-3"],

@@ -73,6 +73,8 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
     for r in plain:
         before = r.config.to_dict()
         del before["data"]["probe_loss"]
+        # train.seq_len = model.max_seq_len here: no second length to key (issue 18)
+        assert before["model"].pop("train_seq_len") is None
         assert before["train"].pop("parallel") == "ddp"
         assert before["train"].pop("activation_checkpointing") is False
         assert before["train"].pop("trackers") == []  # an execution key: never in the hash

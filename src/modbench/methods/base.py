@@ -84,6 +84,12 @@ class Method:
         """
         return state
 
+    def reads_train_seq_len(self) -> bool:
+        """Whether this method, with its options, reads ``cfg.trained_seq_len`` (a constant
+        the source ties to the training sequence length). Where it does, a run's key and
+        resume check include ``model.train_seq_len``; elsewhere that key changes nothing."""
+        return False
+
     def extra_params(self, cfg: ModelConfig) -> int:
         """Documented parameter overhead over the baseline for this config (the formula in the
         docstring). The shared registry test checks it against the built model."""

@@ -90,8 +90,9 @@ def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
     not touched) with the canonical method string and the methods' recipe exceptions applied
     to the recipe and recorded under ``recipe_exceptions``."""
     cfg.validate()
-    p = plan(cfg.model)
     run = copy.deepcopy(cfg)
+    run.sync_seq_len()
+    p = plan(run.model)
     run.model.method = p.method
     run.recipe_exceptions = collect_recipe_exceptions(p.methods)
     for key, value in run.recipe_exceptions.items():
@@ -101,6 +102,12 @@ def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
         setattr(run.recipe, key, value)
     run.recipe.validate()
     return run, p
+
+
+def reads_train_seq_len(cfg: ModelConfig) -> bool:
+    """Whether a method of ``cfg`` ties a constant to the training sequence length
+    (``model.train_seq_len``; :meth:`Method.reads_train_seq_len`)."""
+    return any(m.reads_train_seq_len() for m in parse_methods(cfg.method))
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:

@@ -17,11 +17,13 @@ Extra FLOPs: 0 (the sigmoid is element-wise; scores and mixing as the baseline).
 
 Syntax: ``sigmoid``, ``sigmoid(n=2048)``, ``sigmoid(learnable_bias=false)``.
 
-Choices of our own: ``n`` defaults to ``model.max_seq_len`` (equal to the training sequence
-length in every preset); the paper's stabilisers (hybrid-norm or LayerScale, QK-Norm in
-Apple's configs) are not added: B.5 describes the bare replacement, and they compose as
-separate methods (``sigmoid+qknorm``, ``sigmoid+layerscale``). Explicit float32 score path
-on every device (SDPA and FlexAttention always apply a softmax).
+Choices of our own: ``n`` defaults to the training sequence length ``train.seq_len`` (the
+model config's ``trained_seq_len``; ``model.max_seq_len`` in a run folder written before
+that key existed, as such a run trained); the paper's stabilisers (hybrid-norm or
+LayerScale, QK-Norm in Apple's configs) are not added: B.5 describes the bare
+replacement, and they compose as separate methods (``sigmoid+qknorm``,
+``sigmoid+layerscale``). Explicit float32 score path on every device (SDPA and
+FlexAttention always apply a softmax).
 """
 
 from __future__ import annotations
@@ -72,20 +74,23 @@ class SigmoidAttention(Method):
 
     @dataclass
     class Options:
-        n: int | None = None  # None: model.max_seq_len
+        n: int | None = None  # None: the training sequence length (train.seq_len)
         learnable_bias: bool = True
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        n = self.opts.n if self.opts.n is not None else cfg.max_seq_len
+        n = self.opts.n if self.opts.n is not None else cfg.trained_seq_len
         if n < 1:
             raise ModbenchError(f"option n={n} of method 'sigmoid' must be at least 1 (the "
-                                "sequence length of the bias -log n; null: model.max_seq_len)")
+                                "sequence length of the bias -log n; null: train.seq_len)")
         learnable = self.opts.learnable_bias
 
         def factory(c: ModelConfig, layer: int) -> nn.Module:
             return SigmoidKernel(n, learnable)
 
         spec.fill("attn.kernel", factory, by=self.name)
+
+    def reads_train_seq_len(self) -> bool:
+        return self.opts.n is None
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return cfg.n_layers if self.opts.learnable_bias else 0

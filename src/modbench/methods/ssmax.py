@@ -17,9 +17,10 @@ Extra FLOPs: 0 (an element-wise scaling of q).
 
 Syntax: ``ssmax``, ``ssmax(init=0.43)`` (the paper's illustration value).
 
-Choices of our own: T_train is ``model.max_seq_len`` (equal to the training sequence length
-in every preset); ``log n`` is computed in float32; position 0 gets scale 0 (log 1), a
-uniform softmax over its single key, which changes nothing. The optional bias variant
+Choices of our own: T_train is the training sequence length ``train.seq_len`` (the model
+config's ``trained_seq_len``; ``model.max_seq_len`` in a run folder written before that key
+existed, as such a run trained); ``log n`` is computed in float32; position 0 gets scale 0
+(log 1), a uniform softmax over its single key, which changes nothing. The optional bias variant
 (s log n + b) of the paper is not implemented (the study does not use it). Slot:
 ``attn.qk_post``.
 """
@@ -70,12 +71,12 @@ class SSMax(Method):
 
     @dataclass
     class Options:
-        init: float | None = None  # None: 1 / log(max_seq_len)
+        init: float | None = None  # None: 1 / log(train.seq_len)
 
     def init_value(self, cfg: ModelConfig) -> float:
         if self.opts.init is not None:
             return float(self.opts.init)
-        return 1.0 / math.log(max(cfg.max_seq_len, 2))
+        return 1.0 / math.log(max(cfg.trained_seq_len, 2))
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         init = self.init_value(cfg)
@@ -84,6 +85,9 @@ class SSMax(Method):
             return SSMaxQuery(c.n_heads, init)
 
         spec.fill("attn.qk_post", factory, by=self.name)
+
+    def reads_train_seq_len(self) -> bool:
+        return self.opts.init is None
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return cfg.n_heads * cfg.n_layers

@@ -234,6 +234,10 @@ def _claim_expectations(tree: Any) -> dict[str, list[str]]:
 
 
 _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
+    # kept in the key only where a method reads it (config_key): sigmoid's and SSMax's
+    # constants moved from model.max_seq_len to train.seq_len, so their runs where the two
+    # lengths differ (cpu-deep) train again; every other run keeps its key
+    ("model", "train_seq_len"): None,
     ("data", "probe_loss"): "all",
     ("train", "parallel"): "ddp",
     ("train", "activation_checkpointing"): False,
@@ -258,6 +262,11 @@ def config_key(cfg: RunConfig) -> str:
     key and are not trained again.
     """
     d = cfg.to_dict()
+    if d["model"].get("train_seq_len") is not None:
+        from modbench.methods.build import reads_train_seq_len
+
+        if not reads_train_seq_len(cfg.model):
+            d["model"]["train_seq_len"] = None
     for (section, key), default in _NEW_KEY_DEFAULTS.items():
         if d[section].get(key) == default:
             del d[section][key]

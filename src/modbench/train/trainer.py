@@ -50,7 +50,7 @@ from modbench.eval.layer_logging import LayerLogging
 from modbench.eval.probes import ProbeScoring
 from modbench.fsutil import atomic_write_text
 from modbench.methods.base import Method
-from modbench.methods.build import plan_run
+from modbench.methods.build import plan_run, reads_train_seq_len
 from modbench.runtime.callback import Callback
 from modbench.runtime.checkpoint import (
     checkpoint_step,
@@ -589,6 +589,9 @@ class Trainer:
             # keys added to the config since the run started hold their defaults there
             diff = sorted(k for k in _diff_keys(_with_defaults(stored), m.cfg.to_dict())
                           if k not in EXECUTION_KEYS)
+            if "model.train_seq_len" in diff and not reads_train_seq_len(m.cfg.model):
+                diff.remove("model.train_seq_len")  # a folder from before the key: no
+                # method here reads it
             if diff:
                 raise ModbenchError(
                     f"cannot resume {m.out}: the config differs from its config.yaml in "
