@@ -63,10 +63,10 @@ class ReLU2(Method):
         return h
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        h = self.hidden(cfg)
+        self.hidden(cfg)  # refuses a bad option before anything is built
 
         def factory(c: ModelConfig, build: Builder, layer: int) -> nn.Module:
-            return ReLU2FFN(c, build, layer, h)
+            return ReLU2FFN(c, build, layer, self.hidden(c))  # c: the layer's d_ff (shape slot)
 
         spec.fill("ffn", factory, by=self.name)
 

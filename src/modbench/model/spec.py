@@ -17,6 +17,7 @@ projection by its role and layer, not by an attribute path.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,6 +108,14 @@ class TiePlan(Protocol):
     def __call__(self, kind: str, name: str, layer: int, /) -> int: ...
 
 
+class ShapePlan(Protocol):
+    """Slot ``shape``: the config layer ``layer`` (0 .. L-1) is built from, the model's config
+    with that layer's own sizes (only :data:`LAYER_SHAPE_FIELDS` may differ). The builder hands
+    it to the layer's cores, merges and wrappers, and the cores hand it on to their parts."""
+
+    def __call__(self, cfg: ModelConfig, layer: int, /) -> ModelConfig: ...
+
+
 # ------------------------------------------------------------------ the slot table
 
 
@@ -175,6 +184,10 @@ SLOTS: dict[str, SlotInfo] = {s.name: s for s in (
           "weight sharing across layers: `(kind, name, layer) -> source layer` for cores, "
           "linear layers (before wrappers) and norms (before wrappers)",
           "unfilled: every layer its own", optional=True),
+    _slot("shape", ShapePlan,
+          "per-layer shapes: the layer's own config (`n_heads`, `n_kv_heads`, `d_ff`, "
+          "`attn_head_dim`), seen by its cores, their parts, merges and wrappers",
+          "unfilled: every layer the model's config", optional=True),
     _slot("norm_wrappers", NormWrapper,
           "wraps the module at every norm site (a norm or Identity)", "none", additive=True),
     _slot("linear_wrappers", LinearWrapper, "wraps every linear layer", "none", additive=True),
@@ -188,6 +201,9 @@ PartSlot = Literal["attn.q_norm", "attn.k_norm", "attn.qk_post", "attn.v_path", 
 CoreSlot = Literal["attn", "ffn", "attn.out_gate"]
 ModelPartSlot = Literal["stream", "logits"]
 TIE_KINDS = ("core", "linear", "norm")
+# the ModelConfig fields a layer's config (the shape slot) may change; RoPE needs the same
+# head_dim in every layer, so a layer that changes n_heads sets attn_head_dim
+LAYER_SHAPE_FIELDS = ("n_heads", "n_kv_heads", "d_ff", "attn_head_dim")
 AnyFactory = Callable[..., Any]
 
 
@@ -251,6 +267,9 @@ class ModelSpec:
              key: Any = None) -> None: ...
     @overload
     def fill(self, slot: Literal["tie"], value: TiePlan, *, by: str, key: Any = None) -> None: ...
+    @overload
+    def fill(self, slot: Literal["shape"], value: ShapePlan, *, by: str,
+             key: Any = None) -> None: ...
     def fill(self, slot: str, value: AnyFactory, *, by: str, key: Any = None) -> None:
         """Fill an exclusive slot. ``key`` identifies the filler for conflict checks
         (defaults to ``by``): two methods may fill a slot only with the same key.
@@ -296,6 +315,8 @@ class ModelSpec:
     def get(self, slot: ModelPartSlot) -> ModelPartFactory: ...
     @overload
     def get(self, slot: Literal["tie"]) -> TiePlan: ...
+    @overload
+    def get(self, slot: Literal["shape"]) -> ShapePlan: ...
     @overload
     def get(self, slot: str) -> AnyFactory: ...
 
@@ -426,14 +447,49 @@ def parts_of(model: nn.Module) -> Parts:
 
 class Builder:
     """What the cores see of the spec: ready-made parts for a given model config. Records
-    every linear layer and norm site it makes in :attr:`parts`."""
+    every linear layer and norm site it makes in :attr:`parts`.
+
+    Per-layer pieces (cores, merges, the linear and norm wrappers of a layer) get
+    :meth:`layer_cfg`, the layer's own config under the ``shape`` slot; the model-level pieces
+    (embedding, stream, final norm, head, logits, RoPE) keep :attr:`cfg`."""
 
     def __init__(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         self.spec, self.cfg = spec, cfg
         self.parts = Parts()
+        self._layer_cfgs: dict[int, ModelConfig] = {}
         # every core, base linear and base norm made so far, by (kind, name, layer): what a
         # later layer reuses under the tie slot (per build, so two models never share)
         self._made: dict[tuple[str, str, int], nn.Module] = {}
+
+    def layer_cfg(self, layer: int) -> ModelConfig:
+        """The config of layer ``layer`` (0 .. L-1): the ``shape`` slot's plan for it, checked
+        and cached; the model's config itself when the slot is unfilled or ``layer`` is not a
+        block (``embed`` at -1, ``final`` and ``head`` at L)."""
+        if "shape" not in self.spec.fills or not 0 <= layer < self.cfg.n_layers:
+            return self.cfg
+        if layer not in self._layer_cfgs:
+            self._layer_cfgs[layer] = self._checked_layer_cfg(layer)
+        return self._layer_cfgs[layer]
+
+    def _checked_layer_cfg(self, layer: int) -> ModelConfig:
+        owner = self.spec.owner("shape")
+        c = self.spec.get("shape")(self.cfg, layer)
+        what = f"the shape slot ({owner}) gives layer {layer}"
+        if not isinstance(c, ModelConfig):
+            raise ValueError(f"{what} a {type(c).__name__}; it must return a ModelConfig")
+        kept = {f: getattr(self.cfg, f) for f in LAYER_SHAPE_FIELDS}
+        if dataclasses.replace(c, **kept) != self.cfg:
+            raise ValueError(f"{what} a config that differs from the model's outside "
+                             f"{', '.join(LAYER_SHAPE_FIELDS)}; a layer may change only those")
+        try:
+            c.validate()
+        except ModbenchError as e:
+            raise ModbenchError(f"{what} an invalid config: {e}") from None
+        if c.head_dim != self.cfg.head_dim:
+            raise ModbenchError(f"{what} head_dim {c.head_dim}, the model's is "
+                                f"{self.cfg.head_dim}; RoPE needs the same head_dim in every "
+                                "layer (set attn_head_dim)")
+        return c
 
     def _reuse(self, kind: str, name: str, layer: int) -> nn.Module | None:
         """The earlier layer's module ``layer`` shares under the ``tie`` slot, or None."""
@@ -448,6 +504,11 @@ class Builder:
                 f"the tie slot ({self.spec.owner('tie')}) maps {kind} {name!r} of layer {layer} "
                 f"to layer {src!r}, which has built none; a layer can only reuse a module an "
                 "earlier layer built")
+        if kind != "norm" and self.layer_cfg(src) != self.layer_cfg(layer):
+            raise ValueError(
+                f"the tie slot ({self.spec.owner('tie')}) maps {kind} {name!r} of layer {layer} "
+                f"to layer {src}, whose shape differs under the shape slot "
+                f"({self.spec.owner('shape')}); only layers of the same shape can share")
         return module
 
     def _base(self, kind: str, name: str, layer: int, make: Callable[[], nn.Module]
@@ -462,16 +523,18 @@ class Builder:
         m = self._base("linear", role, layer,
                        lambda: self.spec.get("linear")(role, d_in, d_out, layer))
         for wrap in self.spec.wrappers("linear_wrappers"):
-            m = wrap(m, role, d_in, d_out, layer, self.cfg)
+            m = wrap(m, role, d_in, d_out, layer, self.layer_cfg(layer))
         self.parts.add_linear(role, layer, m)
         return m
 
     def core(self, sublayer: str, layer: int) -> nn.Module:
-        """The ``attn`` or ``ffn`` core of ``layer`` (its slot's factory, or the module of
-        the layer it reuses under the ``tie`` slot, whose linear layers it then lists)."""
+        """The ``attn`` or ``ffn`` core of ``layer`` (its slot's factory, called with the
+        layer's config :meth:`layer_cfg`, or the module of the layer it reuses under the ``tie``
+        slot, whose linear layers it then lists)."""
         shared = self._reuse("core", sublayer, layer)
         if shared is None:
-            m = self.spec.get(sublayer)(self.cfg, self, layer)  # type: ignore[call-overload]
+            m = self.spec.get(sublayer)(  # type: ignore[call-overload]
+                self.layer_cfg(layer), self, layer)
         else:
             m = shared
             src = next(i for (k, n, i), v in self._made.items()
@@ -489,7 +552,7 @@ class Builder:
         m = self._base("norm", site, layer, lambda: self.spec.get("norm")(
             dim, self.cfg.norm_eps, site, layer)) if present else nn.Identity()
         for wrap in self.spec.wrappers("norm_wrappers"):
-            m = wrap(m, site, layer, self.cfg)
+            m = wrap(m, site, layer, self.layer_cfg(layer))
         self.parts.add_norm(site, layer, m)
         return m
 

@@ -50,7 +50,7 @@ class Sublayer(nn.Module):
         self.pre_norm = build.norm(f"{name}.pre", layer)
         self.core = core
         self.post_norm = build.norm(f"{name}.post", layer)
-        self.merge = build.slot("merge", build.cfg, layer, name)
+        self.merge = build.slot("merge", build.layer_cfg(layer), layer, name)
         self.residual_norm = build.norm(f"{name}.residual", layer)
 
 
