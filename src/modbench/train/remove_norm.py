@@ -132,6 +132,10 @@ UNSUPPORTED: dict[str, str] = {
                          "residual stream",
     "attnres": "its depth attention divides by each source's RMS inside the residual stream",
     "tokenformer": "Pattention L2-normalises its scores per token inside the core",
+    "relaxed_recursive": "its layers share their norms and projections (the tie slot), so a "
+                         "norm frozen for one layer would be frozen for every layer tied to it",
+    "widenet": "its layers share one attention and one FFN core (the tie slot), which the "
+               "per-layer split of the attention norm would wrap once per layer",
     "three_phase": "its per-channel RMSNorm divides each of the N channels by its own RMS, "
                    "not one LayerNorm/RMSNorm statistic per token",
 }
