@@ -144,6 +144,12 @@ class RecipeConfig:
     muon_ns_steps: int = 5
     muon_adjust_lr: str = "match_rms_adamw"  # match_rms_adamw | original
     muon_lr_ratio: float = 1.0
+    # optimizer=muon only: per-matrix learning rates within Muon's group (MuonAdamW docstring).
+    # noise: each matrix's lr is scaled by sqrt(H_max / H) (at most muon_noise_max_ratio), H an
+    # EMA (factor muon_noise_beta) of the squared dual-norm (nuclear) gradient noise
+    muon_layerwise_lr: str = "none"  # none | noise
+    muon_noise_beta: float = 0.99
+    muon_noise_max_ratio: float = 10.0
     note: str = ""
 
     def validate(self) -> None:
@@ -163,6 +169,19 @@ class RecipeConfig:
         if not 0 < self.muon_lr_ratio < math.inf:
             raise ModbenchError(
                 f"recipe.muon_lr_ratio must be positive and finite, got {self.muon_lr_ratio}")
+        if self.muon_layerwise_lr not in ("none", "noise"):
+            raise ModbenchError("recipe.muon_layerwise_lr must be 'none' or 'noise', got "
+                                f"{self.muon_layerwise_lr!r}")
+        if self.muon_layerwise_lr == "noise" and self.optimizer != "muon":
+            raise ModbenchError("recipe.muon_layerwise_lr=noise sets Muon's per-matrix learning "
+                                f"rates, but recipe.optimizer is {self.optimizer!r}; add "
+                                "recipe.optimizer=muon")
+        if not 0.0 <= self.muon_noise_beta < 1.0:
+            raise ModbenchError(
+                f"recipe.muon_noise_beta must be in [0, 1), got {self.muon_noise_beta}")
+        if not 1.0 <= self.muon_noise_max_ratio < math.inf:
+            raise ModbenchError("recipe.muon_noise_max_ratio must be at least 1 and finite, got "
+                                f"{self.muon_noise_max_ratio}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ModbenchError(
                 f"recipe.schedule must be cosine, linear or constant, got {self.schedule!r}"

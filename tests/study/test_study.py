@@ -92,6 +92,9 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         assert before["recipe"].pop("muon_ns_steps") == 5
         assert before["recipe"].pop("muon_adjust_lr") == "match_rms_adamw"
         assert before["recipe"].pop("muon_lr_ratio") == 1.0
+        assert before["recipe"].pop("muon_layerwise_lr") == "none"
+        assert before["recipe"].pop("muon_noise_beta") == 0.99
+        assert before["recipe"].pop("muon_noise_max_ratio") == 10.0
         blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
         assert r.key == hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -251,6 +251,9 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("recipe", "muon_ns_steps"): 5,
     ("recipe", "muon_adjust_lr"): "match_rms_adamw",
     ("recipe", "muon_lr_ratio"): 1.0,
+    ("recipe", "muon_layerwise_lr"): "none",
+    ("recipe", "muon_noise_beta"): 0.99,
+    ("recipe", "muon_noise_max_ratio"): 10.0,
 }
 
 
