@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from modbench.errors import ModbenchError
 from modbench.methods.build import build_model
+from tests.helpers import tiny
 from tests.methods.attn_reference import (
     IDX,
     assert_matches,
@@ -52,3 +55,14 @@ def test_fixed_variant_has_no_parameters() -> None:
     model = build_model(small_cfg("value_residual(learnable=false)"), seed=0)
     base = build_model(small_cfg("baseline"), seed=0)
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in base.parameters())
+
+
+def test_refused_when_layers_have_other_value_shapes() -> None:
+    """Under a per-layer shape plan (layerwise_scaling) the first layer's V_1 cannot be mixed
+    into a layer with another KV-head count: a one-line error, not a silent broadcast."""
+    cfg = tiny("value_residual+layerwise_scaling(match=false)", 0, 30,
+               "model.n_layers=4").model
+    model = build_model(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (1, 8))
+    with pytest.raises(ModbenchError, match="value shape in every layer"):
+        model(idx)

@@ -63,6 +63,10 @@ class MixFirstValues(nn.Module):
         v1 = ctx.shared.get(KEY)
         if v1 is None:
             raise ModbenchError("value_residual: the first layer's values are missing")
+        if v1.shape != v.shape:  # layers of other shapes (the shape slot: layerwise_scaling)
+            raise ModbenchError(f"value_residual needs the first layer's value shape in every "
+                                f"layer; got {tuple(v1.shape)} and {tuple(v.shape)}: do not "
+                                "combine it with per-layer head counts (layerwise_scaling)")
         lam = self.lam.to(v.dtype)
         return lam * v1 + (1 - lam) * v
 
