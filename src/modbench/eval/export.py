@@ -187,8 +187,16 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
             (tmp / name).write_text(text, encoding="utf-8")
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        tensors = {f"model.{k}": v.detach().contiguous().cpu()
-                   for k, v in model.state_dict().items()}
+        # a weight shared by several layers (the tie slot) is written under each of its
+        # names as its own copy: safetensors refuses tensors that share memory; loading
+        # writes the equal copies into the one shared parameter
+        tensors: dict[str, Any] = {}
+        stored: set[tuple[int, int]] = set()
+        for k, v in model.state_dict().items():
+            t = v.detach().contiguous().cpu()
+            where = (t.untyped_storage().data_ptr(), t.storage_offset())
+            tensors[f"model.{k}"] = t.clone() if where in stored else t
+            stored.add(where)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _write_json(tmp / "config.json", config)
         shutil.copyfile(tok_file, tmp / "tokenizer.json")
