@@ -85,13 +85,39 @@ class StreamState:
 
 @dataclass
 class ForwardContext:
-    """Everything a core may need besides its input, shared by all layers of one forward."""
+    """Everything a core may need besides its input, shared by all layers of one forward.
+
+    ``aux``: the auxiliary loss terms of this forward (:meth:`add_aux`), e.g. a
+    mixture-of-experts load-balancing loss. ``Transformer.forward(idx, with_aux=True)``
+    returns their sum with the logits; the engines train on ``lm_loss + aux`` (both scaled
+    alike over micro-batches) and report the LM loss alone."""
 
     cos: torch.Tensor  # (T, d_h) RoPE tables for this sequence length
     sin: torch.Tensor
     seq_len: int
     stream: StreamState | None = None
     shared: dict[str, Any] = field(default_factory=dict)  # cross-layer scratch (e.g. V_1)
+    aux: list[torch.Tensor] = field(default_factory=list)  # auxiliary loss terms, 0-d
+
+    def add_aux(self, term: torch.Tensor) -> None:
+        """Add a scalar (0-d) term to this forward's training objective. It is added as
+        given: a core applies its own coefficient. A core reused by several layers adds
+        one term per call."""
+        if term.ndim != 0:
+            raise ValueError(f"an auxiliary loss term must be a 0-d tensor, got shape "
+                             f"{tuple(term.shape)}; reduce it (sum or mean) first")
+        self.aux.append(term)
+
+    def aux_total(self) -> torch.Tensor:
+        """The sum of the terms added (in the order added), or a float32 zero on the RoPE
+        tables' device when none was: adding it to a loss changes no bit of the loss or of
+        its gradient."""
+        if not self.aux:
+            return torch.zeros((), dtype=torch.float32, device=self.cos.device)
+        total = self.aux[0]
+        for term in self.aux[1:]:
+            total = total + term
+        return total
 
 
 class AddMerge(nn.Module):

@@ -93,8 +93,11 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(B, T)`` -> logits ``(B, T, V)``."""
+    def forward(self, idx: torch.Tensor, *, with_aux: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Token ids ``(B, T)`` -> logits ``(B, T, V)``; with ``with_aux``, ``(logits, aux)``:
+        the sum of the auxiliary loss terms the cores added to the forward's context
+        (``ForwardContext.add_aux``), a 0-d tensor, zero when none did."""
         t = idx.shape[1]
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
@@ -106,7 +109,8 @@ class Transformer(nn.Module):
             block(self.stream, ctx)
         h = self.final_norm(self.stream.finish(state))
         logits = F.linear(h, self.embed.weight) if self.head is None else self.head(h)
-        return self.logits_transform(logits)
+        logits = self.logits_transform(logits)
+        return (logits, ctx.aux_total()) if with_aux else logits
 
     def double(self) -> Transformer:
         """float64 copy for reference checks, with RoPE tables recomputed in float64."""

@@ -240,7 +240,7 @@ class DistributedEngine:
         self.wrapped = wrapped
         self.models: list[nn.Module] = [model]  # FSDP: the model itself, sharded in place
         self.optimizers: list[torch.optim.Optimizer] = [make_optimizer(model)]
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = compiled(wrapped, compile, device)
+        self.forward: Callable[..., Any] = compiled(wrapped, compile, device)
 
     # ------------------------------------------------------------------ the step
 
@@ -252,7 +252,10 @@ class DistributedEngine:
                  members: Sequence[int]) -> list[StepValue]:
         """Accumulate this process's share of the gradient of the global batch's mean loss
         (DDP/FSDP average over processes) and return that global mean loss (on the device:
-        the all-reduce is queued, the host does not wait for it)."""
+        the all-reduce is queued, the host does not wait for it). As on one process, the
+        gradient includes the cores' auxiliary loss terms (each micro-batch's divided by the
+        number of micro-batches, then averaged over the processes with the gradient) and
+        the loss returned is the LM loss alone."""
         w, r = self.world.size, self.world.rank
         rows = batch.shape[0] // w
         local = batch[r * rows:(r + 1) * rows].to(self.device)
@@ -268,10 +271,10 @@ class DistributedEngine:
                 if self.parallel == "fsdp":
                     self.sync_buffers()
                 with self.autocast():
-                    logits = self.forward(micro)
+                    logits, aux = self.forward(micro, with_aux=True)
                     loss = (lm_loss(logits, micro) / self.n_micro if m is None
                             else lm_loss(logits, micro, m, count) * w)
-                loss.backward()
+                (loss + aux / self.n_micro).backward()  # aux 0 when no core adds any
             total = total + loss.detach().double()  # in order, as the host would add them
         self._average_replicated()
         if not self.checked:

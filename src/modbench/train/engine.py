@@ -90,16 +90,19 @@ class LocalEngine:
         self.models, self.optimizers, self.device = models, optimizers, device
         self.autocast, self.n_micro = autocast, n_micro
         if len(models) == 1:
-            self.forward: Callable[..., torch.Tensor] = compiled(models[0], compile, device)
+            self.forward: Callable[..., Any] = compiled(models[0], compile, device)
         else:
             base = copy.deepcopy(models[0]).to("meta")  # the structure; weights come stacked
 
             def member_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                             micro: torch.Tensor, mask: torch.Tensor | None,
-                            count: int) -> torch.Tensor:
-                logits = functional_call(base, (params, buffers), (micro,))
-                return (lm_loss(logits, micro) / self.n_micro if mask is None
+                            count: int) -> tuple[torch.Tensor, torch.Tensor]:
+                """(the micro-batch's share of the objective, of the LM loss)"""
+                logits, aux = functional_call(base, (params, buffers), (micro,),
+                                              {"with_aux": True})
+                loss = (lm_loss(logits, micro) / self.n_micro if mask is None
                         else lm_loss(logits, micro, mask, count))
+                return loss + aux / self.n_micro, loss
 
             stacked = vmap(member_loss, in_dims=(0, 0, None, None, None))
             self.forward = compiled(stacked, compile, device)
@@ -115,7 +118,12 @@ class LocalEngine:
         """Accumulate, for each of ``members``, the gradient of the batch's mean loss over its
         micro-batches; return those losses, left on the device (no host synchronisation).
         With ``mask`` (``data.probe_loss=answers``) only the kept predictions count, all
-        micro-batches sharing the batch's denominator."""
+        micro-batches sharing the batch's denominator.
+
+        The gradient is that of the objective: the LM loss plus the auxiliary loss terms the
+        model's cores add (``Transformer.forward(with_aux=True)``), each micro-batch's
+        auxiliary term divided by the number of micro-batches (their mean); the losses
+        returned are the LM losses alone."""
         # a pinned batch (the prefetching loader's, on CUDA) is copied while the host goes on
         ahead = self.device.type == "cuda" and batch.is_pinned()
         micros = batch.to(self.device, non_blocking=ahead).chunk(self.n_micro)
@@ -126,10 +134,10 @@ class LocalEngine:
             parts = []
             for micro, m in zip(micros, masks, strict=True):
                 with self.autocast():
-                    logits = self.forward(micro)
+                    logits, aux = self.forward(micro, with_aux=True)
                     loss = (lm_loss(logits, micro) / self.n_micro if m is None
                             else lm_loss(logits, micro, m, count))
-                loss.backward()
+                (loss + aux / self.n_micro).backward()  # aux 0 when no core adds any
                 parts.append(loss.detach())
             return [torch.stack(parts)]  # summed on the host, in order
         live = [self.models[k] for k in members]
@@ -140,8 +148,8 @@ class LocalEngine:
                 # CPU SDPA has no vmap rule yet: torch loops over the members and says so on
                 # every call (docs/architecture.md states what stacking gains where)
                 warnings.filterwarnings("ignore", message="There is a performance drop")
-                losses = self.forward(params, buffers, micro, m, count)
-                losses.sum().backward()
+                objectives, losses = self.forward(params, buffers, micro, m, count)
+                objectives.sum().backward()
             totals += losses.detach().double()
             self._unstack_grads(live, params)
         return list(totals)
