@@ -215,3 +215,13 @@ def test_conflicting_recipe_exceptions(temp_methods: list[str]) -> None:
 
     with pytest.raises(ModbenchError, match=r"'zz_wd0' and 'zz_wd1'.*weight_decay"):
         Trainer(tiny("zz_wd0+zz_wd1"), "/nonexistent/never-written", progress=False)
+
+
+def test_every_method_has_a_row_in_docs_methods() -> None:
+    """docs/methods.md's table lists every registered method with its category."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z0-9_]+)` \| ([a-z]+) \|", text, re.M))
+    for name, cls in load_all().items():
+        assert rows.get(name) == cls.category, f"docs/methods.md has no row for {name}"
