@@ -20,7 +20,7 @@ from tests.methods.norm_reference import reference_logits
 from tests.reference import randomize_gains, rms
 
 NORM_TYPES = ["layernorm", "rmsnorm", "dyt", "seednorm", "bhyt", "crmsnorm", "ssnorm",
-              "powernorm", "prepbn", "adaptive_rmsnorm"]
+              "powernorm", "prepbn", "adaptive_rmsnorm", "unified_norm"]
 PLACEMENTS = ["baseline", "post_ln", "sandwich", "peri_ln", "hybrid_norm", "hybrid_norm_star",
               "mix_ln(fraction=0.5)", "deepnorm", "ln_scaling"]
 
