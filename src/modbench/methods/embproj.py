@@ -61,8 +61,8 @@ EMBED, FINAL = "embed", "final"
 _MARK = "modbench_embproj"
 
 
-class EmbedProjection(nn.Module):
-    """``module(x P_in^T)``: the embed site, the projection applied first."""
+class _Projection(nn.Module):
+    """A norm site's module and an orthogonal-initialised d x d projection ``proj``."""
 
     def __init__(self, module: nn.Module, dim: int) -> None:
         super().__init__()
@@ -71,21 +71,17 @@ class EmbedProjection(nn.Module):
 
     def modbench_init(self) -> None:
         nn.init.orthogonal_(self.proj.weight)
+
+
+class EmbedProjection(_Projection):
+    """``module(x P_in^T)``: the embed site, the projection applied first."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.module(self.proj(x))
 
 
-class HeadProjection(nn.Module):
+class HeadProjection(_Projection):
     """``module(x) P_out^T``: the final site, the projection applied last (before the head)."""
-
-    def __init__(self, module: nn.Module, dim: int) -> None:
-        super().__init__()
-        self.module = module
-        self.proj = nn.Linear(dim, dim, bias=False)
-
-    def modbench_init(self) -> None:
-        nn.init.orthogonal_(self.proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.module(x))
