@@ -175,3 +175,15 @@ def test_resume_from_the_run_folder_alone(tmp_path: Path,
     code, _, err = cli(capsys, "train", "--out", str(tmp_path / "cut"), "--resume", "--seed",
                        "5", "--no-progress")
     assert_one_line_error(code, err, "seed")
+
+
+def test_methods_listing_shows_recipe_exceptions_and_recipe_options(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The methods that are recipe options (Muon, its noise-adaptive lr) are named under the
+    listing, and a method's recipe exception (osp: optimizer=muon) is on its lines."""
+    code, out, _ = cli(capsys, "methods")
+    assert code == 0
+    lines = out.splitlines()
+    osp = lines.index(next(x for x in lines if x.startswith("osp ")))
+    assert "recipe: optimizer=muon" in lines[osp + 1]
+    assert "recipe.optimizer=muon" in lines[-1] and "muon_layerwise_lr=noise" in lines[-1]

@@ -78,7 +78,14 @@ def methods(
         typer.echo(json.dumps(rows, indent=2))
         return
     _echo_table(METHOD_COLUMNS, method_table(rows), wrap=(2,))
+    typer.echo(RECIPE_OPTIONS_NOTE)
 
+
+# training methods that are recipe options, not architectures (docs/config.md)
+RECIPE_OPTIONS_NOTE = ("recipe options usable with any method: recipe.optimizer=muon (Muon for "
+                       "the hidden matrices, AdamW for the rest; OSP's optimizer), "
+                       "recipe.muon_layerwise_lr=noise (noise-adaptive layer-wise learning "
+                       "rates on Muon): docs/config.md")
 
 METHOD_COLUMNS = ["method", "category", "summary"]
 
@@ -91,6 +98,9 @@ def method_table(rows: list[dict[str, Any]]) -> list[list[str]]:
         text = r["summary"]
         if r["options"]:
             text += "\noptions: " + ", ".join(f"{k}={v}" for k, v in r["options"].items())
+        if r["recipe_exceptions"]:
+            text += "\nrecipe: " + ", ".join(f"{k}={v}"
+                                              for k, v in r["recipe_exceptions"].items())
         if r["leaks_across_positions"]:
             text += ("\nnote: batch statistics mix positions in training mode (future tokens "
                      "leak into earlier outputs)")
