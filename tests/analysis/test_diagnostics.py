@@ -190,8 +190,11 @@ def test_skip_falls_back_to_zero_branches_where_the_stream_needs_the_block() -> 
 # ------------------------------------------------------------------ stream figures
 
 
-def test_stream_figures_match_the_streams_own_records() -> None:
-    model = model_of(seed=4)
+@pytest.mark.parametrize("method", ["baseline", "relaxed_recursive", "widenet(moe=false)"])
+def test_stream_figures_match_the_streams_own_records(method: str) -> None:
+    """Also where layers share their norms or cores (the tie slot): a shared module's hook
+    keeps only its own layer's call."""
+    model = model_of(method, seed=4)
     (b,) = batches(1, seed=4)
     r, _ = diagnose(model, [b])
     with torch.no_grad():

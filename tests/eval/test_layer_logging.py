@@ -221,7 +221,7 @@ def test_every_method_against_the_streams_records(method: str) -> None:
     parts = [*layers["grad_norm"], layers["grad_norm_rest"]]
     assert all(v is not None and math.isfinite(v) for v in parts), method
     assert math.sqrt(sum(v * v for v in parts)) == pytest.approx(total, rel=1e-5), method
-    assert not any(m._forward_pre_hooks for m in model.modules())  # hooks removed
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # removed
 
 
 # ------------------------------------------------------------------ several processes

@@ -325,6 +325,9 @@ class _Hooks:
         self.states: list[Any] = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.handles: list[Any] = []
+        # the block running now: a module shared by several layers (the tie slot) calls each
+        # layer's hook, and a hook keeps only the calls made in its own layer
+        self.current = -1
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -351,10 +354,12 @@ class _Hooks:
 
     def _reader(self, k: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            self.reads[k] = args[0].detach()
+            if self.current == k // 2:
+                self.reads[k] = args[0].detach()
         return hook
 
     def _state(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        self.current = module.layer
         ctx = args[1]
         if not self.states or self.states[-1] is not ctx.stream:
             self.states.append(ctx.stream)
@@ -364,14 +369,16 @@ class _Hooks:
 
     def _hidden(self, layer: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            self.hidden[layer] = args[0].detach()
+            if self.current == layer:
+                self.hidden[layer] = args[0].detach()
         return hook
 
     def _attention(self, layer: int) -> Callable[..., None]:
         acc = self.layers[layer].heads
 
         def hook(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
-            if acc.entropy_missing is not None and acc.sink_missing is not None:
+            if self.current != layer or (acc.entropy_missing is not None
+                                         and acc.sink_missing is not None):
                 return
             q, k, v, ctx = args[:4]
             with torch.no_grad():
@@ -588,7 +595,9 @@ def compute_diagnostics(model: nn.Module, batches: Sequence[torch.Tensor], *,
                                                for m in lins}
             quant_weights["w4_group"] = {
                 m.weight: rtn_quantize(m.weight.detach(), group_size=GROUP_SIZE) for m in lins}
-    params = [list(b.parameters()) for b in blocks]
+    seen: set[int] = set()  # a parameter shared by several blocks counts in the first
+    params = [[p for p in b.parameters() if id(p) not in seen and not seen.add(id(p))]
+              for b in blocks]
     was_grad = {p: p.requires_grad for p in model.parameters()}
     for p in model.parameters():
         p.requires_grad_(True)

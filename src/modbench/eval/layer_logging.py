@@ -72,16 +72,15 @@ def compiled_forward(run: TrainingRun) -> bool:
     return compiles(run.cfg.train.compile, run.device)
 
 
-def decoder_sites(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
-    """The blocks of a modbench decoder and the modules whose inputs are the stream as each
-    block reads it, then the stream's output: every block's attention pre-norm site, then the
-    final norm."""
+def decoder_sites(model: nn.Module) -> tuple[list[nn.Module], nn.Module]:
+    """The blocks of a modbench decoder and its final norm (whose input is the stream's
+    output)."""
     blocks = getattr(model, "blocks", None)
     final = getattr(model, "final_norm", None)
     if not isinstance(blocks, nn.ModuleList) or not isinstance(final, nn.Module):
         raise ModbenchError("train.log_layers needs a modbench decoder (a model with .blocks "
                             "and .final_norm); set train.log_layers=false")
-    return list(blocks), [*(b.attn.pre_norm for b in blocks), final]
+    return list(blocks), final
 
 
 def _world() -> tuple[int, int]:
@@ -100,12 +99,30 @@ class _Acts:
         self.sq = torch.zeros(n, dtype=torch.float64, device=device)
         self.count = [0] * n
 
-    def hook(self, i: int) -> Callable[..., None]:
-        def read(module: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0].detach()
-            self.sq[i] += torch.linalg.vector_norm(x, dtype=torch.float32).double() ** 2
-            self.count[i] += x.numel()
-        return read
+    def add(self, i: int, x: torch.Tensor) -> None:
+        x = x.detach()
+        self.sq[i] += torch.linalg.vector_norm(x, dtype=torch.float32).double() ** 2
+        self.count[i] += x.numel()
+
+    def arm(self, model: nn.Module) -> list[Any]:
+        """Hooks that add each block's stream input and the final norm's input: a forward
+        hook on each block reads, from the forward's stream records, what its attention
+        sublayer read (the input of its pre-norm site). On the block, not the norm site:
+        under the tie slot one norm module serves several layers."""
+        blocks, final = decoder_sites(model)
+
+        def block_read(i: int) -> Callable[..., None]:
+            def read(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+                history = args[1].stream.history
+                self.add(i, next(r.input for r in reversed(history)
+                                 if r.layer == module.layer and r.sublayer == "attn"))
+            return read
+
+        def final_read(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.add(len(blocks), args[0])
+
+        return [*(b.register_forward_hook(block_read(i)) for i, b in enumerate(blocks)),
+                final.register_forward_pre_hook(final_read)]
 
     @property
     def seen(self) -> bool:
@@ -132,11 +149,10 @@ class LayerLogging(Callback):
         self.acts, self.batch = None, None
         if not logged_step(run, step):
             return
-        _, sites = decoder_sites(run.model)
-        self.acts, self.batch = _Acts(len(sites), run.device), batch
+        blocks, _ = decoder_sites(run.model)
+        self.acts, self.batch = _Acts(len(blocks) + 1, run.device), batch
         if not compiled_forward(run):
-            self.handles = [s.register_forward_pre_hook(self.acts.hook(i))
-                            for i, s in enumerate(sites)]
+            self.handles = self.acts.arm(run.model)
 
     def after_backward(self, run: TrainingRun, step: int) -> None:
         self._disarm()
@@ -191,15 +207,15 @@ class LayerLogging(Callback):
         """The step's activations from a forward of the member's own model, without
         gradients, on this process's rows of ``batch`` (see the module docstring)."""
         model = run.model
-        _, sites = decoder_sites(model)
-        acts = _Acts(len(sites), run.device)
+        blocks, _ = decoder_sites(model)
+        acts = _Acts(len(blocks) + 1, run.device)
         rank, size = _world()
         rows = batch.shape[0] // size
         local = batch[rank * rows:(rank + 1) * rows].to(run.device,
                                                         non_blocking=batch.is_pinned())
         micro = run.cfg.train.micro_batch_size or local.shape[0]
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        handles = [s.register_forward_pre_hook(acts.hook(i)) for i, s in enumerate(sites)]
+        handles = acts.arm(model)
         try:
             with torch.no_grad(), autocast_for(run.cfg.recipe.precision, run.device)():
                 for chunk in local.split(max(1, micro)):
