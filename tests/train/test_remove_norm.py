@@ -28,6 +28,7 @@ from modbench.train.remove_norm import (
     apply_event,
     check_method,
     convert_modbench,
+    final_fake_norm,
     linearity_error,
     load_norm_free,
     norm_free_check,
@@ -346,3 +347,15 @@ def test_gpt2_refusals(tmp_path: Path) -> None:
     with pytest.raises(ModbenchError, match="takes GPT-2 folders"):
         remove_norm(folder, tmp_path / "o", steps=2, progress=False)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("method", ["baseline", "peri_ln", "embproj", "osp+peri_ln"])
+def test_the_auxiliary_loss_finds_the_final_norm_inside_a_wrapper(method: str) -> None:
+    """The auxiliary loss reads the final site's fake norm: the final norm itself, inside
+    embproj's P_out wrapper, and never Peri-LN's embedding norm (also stage final)."""
+    model = build_model(resolve("tiny", method=method).model).eval()
+    sites = convert_modbench(model, TokenContext(0))
+    final = final_fake_norm(sites)
+    inner = getattr(model.final_norm, "module", model.final_norm)
+    assert isinstance(final, FakeNorm) and final is inner
+    assert final is not getattr(model.embed_norm, "module", model.embed_norm)

@@ -459,6 +459,13 @@ def convert_modbench(model: nn.Module, tokens: TokenContext) -> list[Site]:
     return sites
 
 
+def final_fake_norm(sites: Sequence[Site]) -> FakeNorm | None:
+    """The fake norm at the model's final norm site (the auxiliary loss's), also inside a
+    wrapper (embproj's P_out around it); not an embedding norm, whose stage is also
+    ``final``."""
+    return next((s.norm for s in sites if s.name.split(".")[0] == "final_norm"), None)
+
+
 def fake_norms(sites: Sequence[Site]) -> list[FakeNorm]:
     """The distinct fake norms of ``sites``, in order."""
     seen: dict[int, FakeNorm] = {}
@@ -886,7 +893,7 @@ def remove_norm_modbench(run_dir: Path, out: Path, ft: FineTuneSettings, *,
         tokens = TokenContext(_eot_of(data))
         sites = convert_modbench(model, tokens)
         handle = track_tokens(model, tokens)
-        final = model.final_norm if isinstance(model.final_norm, FakeNorm) else None
+        final = final_fake_norm(sites)
         task = Task(model, sites, tokens,
                     lambda s: data.train_batch(step + s, ft.batch_size, cfg.data.data_seed),
                     val, device, final)
