@@ -55,7 +55,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.spec import ModelSpec
-from modbench.model.stream import Record, Stream, StreamState, stream_precision
+from modbench.model.stream import AdditiveStream, StreamState, stream_precision
 
 KEY = "denseformer.outputs"
 
@@ -98,7 +98,7 @@ def weighted_sum(w: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
     return _WeightedSum.apply(w, *xs)
 
 
-class DenseFormerStream(Stream):
+class DenseFormerStream(AdditiveStream):
     """Additive stream with a DWA after every p-th block."""
 
     def __init__(self, dim: int, n_layers: int, dilation: int, period: int) -> None:
@@ -123,24 +123,16 @@ class DenseFormerStream(Stream):
     def start(self, x0: torch.Tensor) -> StreamState:
         return StreamState(x=x0, embedding=x0, extra={KEY: [x0]})
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
-        return state.x
-
-    def write(self, state: StreamState, layer: int, sublayer: str, out: torch.Tensor,
-              merge: nn.Module, residual_norm: nn.Module) -> None:
-        x = state.x
-        state.x = residual_norm(merge(x, out, state))
+    def after_merge(self, state: StreamState, layer: int, sublayer: str,
+                    x: torch.Tensor) -> torch.Tensor:
         if sublayer == "ffn":
             outputs: list[torch.Tensor] = state.extra[KEY]
-            outputs.append(state.x)  # X_{layer + 1}
+            outputs.append(x)  # X_{layer + 1}
             if layer in self.slot:
                 xs = [outputs[j] for j in dwa_sources(layer, self.dilation)]
-                with stream_precision(state.x):
-                    state.x = weighted_sum(self.alphas[self.slot[layer]], xs)
-        state.history.append(Record(layer, sublayer, x, out, state.x))
-
-    def finish(self, state: StreamState) -> torch.Tensor:
-        return state.x
+                with stream_precision(x):
+                    x = weighted_sum(self.alphas[self.slot[layer]], xs)
+        return x
 
     def extra_repr(self) -> str:
         return f"n_layers={self.n_layers}, dilation={self.dilation}, period={self.period}"

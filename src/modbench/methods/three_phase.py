@@ -83,7 +83,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.spec import ModelSpec
-from modbench.model.stream import Record, Stream, StreamState
+from modbench.model.stream import AdditiveStream, StreamState
 
 
 def valid_phases(cfg: ModelConfig) -> list[int]:
@@ -137,7 +137,7 @@ def horn(seq_len: int, dim: int, like: torch.Tensor) -> torch.Tensor:
     return (r / math.sqrt(dim)).unsqueeze(-1).expand(seq_len, dim)
 
 
-class ThreePhaseStream(Stream):
+class ThreePhaseStream(AdditiveStream):
     """Additive stream with the horn injected at ``start`` and the per-channel Givens
     rotation applied after every attention sublayer's write."""
 
@@ -171,19 +171,9 @@ class ThreePhaseStream(Stream):
             x0 = x0 + self.horn_scale * horn(x0.shape[-2], self.dim, x0)
         return StreamState(x=x0, embedding=x0)
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
-        return state.x
-
-    def write(self, state: StreamState, layer: int, sublayer: str, out: torch.Tensor,
-              merge: nn.Module, residual_norm: nn.Module) -> None:
-        x = state.x
-        state.x = residual_norm(merge(x, out, state))
-        if sublayer == "attn":
-            state.x = self.rotate(state.x, layer)
-        state.history.append(Record(layer, sublayer, x, out, state.x))
-
-    def finish(self, state: StreamState) -> torch.Tensor:
-        return state.x
+    def after_merge(self, state: StreamState, layer: int, sublayer: str,
+                    x: torch.Tensor) -> torch.Tensor:
+        return self.rotate(x, layer) if sublayer == "attn" else x
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, n_layers={self.n_layers}, phases={self.phases}, "

@@ -157,7 +157,10 @@ class Stream(nn.Module):
 
 
 class AdditiveStream(Stream):
-    """The standard residual stream: one lane, each sublayer merged into it in turn."""
+    """The standard residual stream: one lane, each sublayer merged into it in turn.
+
+    A stream that keeps the additive merge and then changes the merged value (DenseFormer's
+    depth average, 3PT's rotation) subclasses it and overrides :meth:`after_merge`."""
 
     def start(self, x0: torch.Tensor) -> StreamState:
         return StreamState(x=x0, embedding=x0)
@@ -175,8 +178,14 @@ class AdditiveStream(Stream):
         residual_norm: nn.Module,
     ) -> None:
         x = state.x
-        state.x = residual_norm(merge(x, out, state))
+        state.x = self.after_merge(state, layer, sublayer, residual_norm(merge(x, out, state)))
         state.history.append(Record(layer, sublayer, x, out, state.x))
+
+    def after_merge(self, state: StreamState, layer: int, sublayer: str,
+                    x: torch.Tensor) -> torch.Tensor:
+        """The stream value after a sublayer's merge and post-residual norm ``x``, as it is
+        recorded and read next (the identity here)."""
+        return x
 
     def finish(self, state: StreamState) -> torch.Tensor:
         return state.x
