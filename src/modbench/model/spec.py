@@ -491,15 +491,15 @@ class Builder:
                                 "layer (set attn_head_dim)")
         return c
 
-    def _reuse(self, kind: str, name: str, layer: int) -> nn.Module | None:
-        """The earlier layer's module ``layer`` shares under the ``tie`` slot, or None."""
+    def _source(self, kind: str, name: str, layer: int) -> int:
+        """The layer whose module ``layer`` uses under the ``tie`` slot: ``layer`` itself (its
+        own module) or an earlier layer that built one, checked."""
         if "tie" not in self.spec.fills:
-            return None
+            return layer
         src = self.spec.get("tie")(kind, name, layer)
         if src == layer:
-            return None
-        module = self._made.get((kind, name, src)) if isinstance(src, int) else None
-        if module is None or not src < layer:
+            return layer
+        if not isinstance(src, int) or not src < layer or (kind, name, src) not in self._made:
             raise ValueError(
                 f"the tie slot ({self.spec.owner('tie')}) maps {kind} {name!r} of layer {layer} "
                 f"to layer {src!r}, which has built none; a layer can only reuse a module an "
@@ -509,13 +509,12 @@ class Builder:
                 f"the tie slot ({self.spec.owner('tie')}) maps {kind} {name!r} of layer {layer} "
                 f"to layer {src}, whose shape differs under the shape slot "
                 f"({self.spec.owner('shape')}); only layers of the same shape can share")
-        return module
+        return src
 
     def _base(self, kind: str, name: str, layer: int, make: Callable[[], nn.Module]
               ) -> nn.Module:
-        m = self._reuse(kind, name, layer)
-        if m is None:
-            m = make()
+        src = self._source(kind, name, layer)
+        m = make() if src == layer else self._made[(kind, name, src)]
         self._made[(kind, name, layer)] = m
         return m
 
@@ -531,14 +530,12 @@ class Builder:
         """The ``attn`` or ``ffn`` core of ``layer`` (its slot's factory, called with the
         layer's config :meth:`layer_cfg`, or the module of the layer it reuses under the ``tie``
         slot, whose linear layers it then lists)."""
-        shared = self._reuse("core", sublayer, layer)
-        if shared is None:
+        src = self._source("core", sublayer, layer)
+        if src == layer:
             m = self.spec.get(sublayer)(  # type: ignore[call-overload]
                 self.layer_cfg(layer), self, layer)
         else:
-            m = shared
-            src = next(i for (k, n, i), v in self._made.items()
-                       if k == "core" and n == sublayer and v is shared)
+            m = self._made[("core", sublayer, src)]
             for role in LINEAR_ROLES:
                 if self.parts.has_linear(role, src) and not self.parts.has_linear(role, layer):
                     self.parts.add_linear(role, layer, self.parts.linear(role, src))
