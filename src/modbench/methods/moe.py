@@ -86,24 +86,16 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
+from modbench.model.ffn import GatedFFN
 from modbench.model.spec import Builder, ModelSpec, parts_of
 from modbench.model.stream import ForwardContext
 from modbench.runtime.callback import Callback, TrainingRun
 
 
-class Expert(nn.Module):
-    """One expert: the baseline's gated FFN (SwiGLU) of width ``d_ff``."""
-
-    def __init__(self, cfg: ModelConfig, build: Builder, layer: int) -> None:
-        super().__init__()
-        d, ff = cfg.d_model, cfg.d_ff
-        self.gate_proj = build.slot("linear", "gate", d, ff, layer)
-        self.up_proj = build.slot("linear", "up", d, ff, layer)
-        self.down_proj = build.slot("linear", "down", ff, d, layer)
-        self.act = build.optional("ffn.act", nn.SiLU, cfg, layer)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+def expert(cfg: ModelConfig, build: Builder, layer: int) -> GatedFFN:
+    """One expert: the baseline's gated FFN (SwiGLU) of width ``d_ff``, its projections from
+    the bare ``linear`` slot (not listed in ``model.parts``, not wrapped)."""
+    return GatedFFN(cfg, build, layer, linear=lambda *a: build.slot("linear", *a))
 
 
 class MoEFFN(nn.Module):
@@ -115,7 +107,7 @@ class MoEFFN(nn.Module):
         super().__init__()
         self.n_experts, self.top_k, self.balance = experts, top_k, balance
         self.router = nn.Linear(cfg.d_model, experts, bias=False)
-        self.experts = nn.ModuleList(Expert(cfg, build, layer) for _ in range(experts))
+        self.experts = nn.ModuleList(expert(cfg, build, layer) for _ in range(experts))
         # the l_balance of the training calls since the callback last read them (not saved:
         # a log, not state)
         self.register_buffer("balance_sum", torch.zeros(()), persistent=False)
@@ -142,7 +134,7 @@ class MoEFFN(nn.Module):
         token = order // k
         sizes = counts.tolist()  # the host reads the split sizes: one synchronisation
         parts = h[token].split(sizes)
-        y = torch.cat([expert(part) for expert, part in zip(self.experts, parts, strict=True)])
+        y = torch.cat([e(part) for e, part in zip(self.experts, parts, strict=True)])
         y = y.to(gates.dtype) * gates.reshape(-1)[order].unsqueeze(-1)
         out = h.new_zeros(h.shape).index_add_(0, token, y.to(h.dtype))
         frac = counts.to(probs.dtype) / (n * k)

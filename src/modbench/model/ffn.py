@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -11,16 +13,22 @@ from modbench.model.stream import ForwardContext
 
 
 class GatedFFN(nn.Module):
-    """``FFN(x) = W_down(act(W_gate x) * W_up x)``; ``act`` fills slot ``ffn.act`` (SiLU)."""
+    """``FFN(x) = W_down(act(W_gate x) * W_up x)``; ``act`` fills slot ``ffn.act`` (SiLU).
 
-    def __init__(self, cfg: ModelConfig, build: Builder, layer: int) -> None:
+    ``linear`` makes the three projections, ``(role, d_in, d_out, layer) -> module``: the
+    builder's (recorded in ``model.parts``, wrapped) by default; a core holding several FFNs
+    per layer (MoE experts) passes the bare ``linear`` slot."""
+
+    def __init__(self, cfg: ModelConfig, build: Builder, layer: int,
+                 linear: Callable[[str, int, int, int], nn.Module] | None = None) -> None:
         super().__init__()
-        self.gate_proj = build.linear("gate", cfg.d_model, cfg.d_ff, layer)
-        self.up_proj = build.linear("up", cfg.d_model, cfg.d_ff, layer)
-        self.down_proj = build.linear("down", cfg.d_ff, cfg.d_model, layer)
+        make = build.linear if linear is None else linear
+        self.gate_proj = make("gate", cfg.d_model, cfg.d_ff, layer)
+        self.up_proj = make("up", cfg.d_model, cfg.d_ff, layer)
+        self.down_proj = make("down", cfg.d_ff, cfg.d_model, layer)
         self.act = build.optional("ffn.act", nn.SiLU, cfg, layer)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
