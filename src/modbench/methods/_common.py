@@ -1,4 +1,4 @@
-"""Helpers shared by the normalization methods (not a method module: names starting with
+"""Helpers shared by the methods (not a method module: names starting with
 ``_`` are not imported by the registry)."""
 
 from __future__ import annotations
@@ -15,6 +15,20 @@ def baseline_norm_count(cfg: ModelConfig) -> int:
     """Norms of the baseline (Pre-LN) placement: two input norms per block and the final
     norm. Norm types document their parameter overhead against this placement."""
     return 2 * cfg.n_layers + 1
+
+
+def projection_widths(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """``(d_in, d_out)`` of each projection of a baseline block, by role (q k v o of the
+    attention, gate up down of the gated FFN)."""
+    d, dh = cfg.d_model, cfg.head_dim
+    return {"q": (d, cfg.n_heads * dh), "k": (d, cfg.n_kv_heads * dh),
+            "v": (d, cfg.n_kv_heads * dh), "o": (cfg.n_heads * dh, d),
+            "gate": (d, cfg.d_ff), "up": (d, cfg.d_ff), "down": (cfg.d_ff, d)}
+
+
+def block_projection_params(cfg: ModelConfig) -> int:
+    """Parameters of one baseline block's projections (its attention and FFN cores)."""
+    return sum(i * o for i, o in projection_widths(cfg).values())
 
 
 def set_step(model: nn.Module, step: int, total: int) -> None:

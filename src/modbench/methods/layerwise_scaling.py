@@ -83,6 +83,7 @@ from dataclasses import dataclass
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods._common import block_projection_params
 from modbench.methods.base import Method, register
 from modbench.model.spec import ModelSpec
 
@@ -187,24 +188,27 @@ class LayerwiseScaling(Method):
         return LayerShapes(tuple(sa * a for a in a0), tuple(sb * b for b in b0), tuple(h),
                            tuple(x // g for x in h), tuple(widths(sb)), sa, sb)
 
+    def layer_cfgs(self, cfg: ModelConfig) -> list[ModelConfig]:
+        """Each layer's config under the plan (what the ``shape`` slot gives the builder)."""
+        p = self.shapes(cfg)
+        return [dataclasses.replace(cfg, n_heads=h, n_kv_heads=kv, d_ff=m,
+                                    attn_head_dim=cfg.head_dim)
+                for h, kv, m in zip(p.heads, p.kv_heads, p.d_ff, strict=True)]
+
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        plan = self.shapes(cfg)
+        layers = self.layer_cfgs(cfg)
 
         def shape(c: ModelConfig, layer: int) -> ModelConfig:
-            return dataclasses.replace(c, n_heads=plan.heads[layer],
-                                       n_kv_heads=plan.kv_heads[layer], d_ff=plan.d_ff[layer],
-                                       attn_head_dim=c.head_dim)
+            return layers[layer]
 
         spec.fill("shape", shape, by=self.name)
 
     def _delta(self, cfg: ModelConfig) -> tuple[int, int]:
         """(extra parameters, extra query heads summed over layers)."""
-        p = self.shapes(cfg)
-        d, dh, n = cfg.d_model, cfg.head_dim, cfg.n_layers
-        new = sum(2 * d * dh * (h + kv) + 3 * d * m
-                  for h, kv, m in zip(p.heads, p.kv_heads, p.d_ff, strict=True))
-        old = n * (2 * d * dh * (cfg.n_heads + cfg.n_kv_heads) + 3 * d * cfg.d_ff)
-        return new - old, sum(p.heads) - n * cfg.n_heads
+        layers = self.layer_cfgs(cfg)
+        params = sum(block_projection_params(c) for c in layers)
+        return (params - cfg.n_layers * block_projection_params(cfg),
+                sum(c.n_heads for c in layers) - cfg.n_layers * cfg.n_heads)
 
     def extra_params(self, cfg: ModelConfig) -> int:
         return self._delta(cfg)[0]

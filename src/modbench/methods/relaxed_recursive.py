@@ -98,6 +98,7 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods._common import block_projection_params, projection_widths
 from modbench.methods.base import Method, option_choice, parse_methods, register
 from modbench.model.spec import ModelSpec
 
@@ -188,14 +189,6 @@ class Resolved:
         return [u]  # lower
 
 
-def projection_widths(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """``(d_in, d_out)`` of each relaxed projection of the baseline block."""
-    d, dh = cfg.d_model, cfg.head_dim
-    return {"q": (d, cfg.n_heads * dh), "k": (d, cfg.n_kv_heads * dh),
-            "v": (d, cfg.n_kv_heads * dh), "o": (cfg.n_heads * dh, d),
-            "gate": (d, cfg.d_ff), "up": (d, cfg.d_ff), "down": (cfg.d_ff, d)}
-
-
 @register
 class RelaxedRecursive(Method):
     name = "relaxed_recursive"
@@ -262,7 +255,7 @@ class RelaxedRecursive(Method):
 
     def extra_params(self, cfg: ModelConfig) -> int:
         r = self.resolve(cfg)
-        per_layer = sum(i * o for i, o in projection_widths(cfg).values())
+        per_layer = block_projection_params(cfg)
         per_layer += 2 * cfg.d_model if r.share_norms else 0
         return self._lora_params(cfg) - (cfg.n_layers - r.blocks) * per_layer
 

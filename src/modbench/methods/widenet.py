@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modbench.config import ModelConfig
+from modbench.methods._common import block_projection_params
 from modbench.methods.base import Method, register
 from modbench.methods.moe import (
     BalanceLogging,
@@ -72,12 +73,6 @@ def share_cores(kind: str, name: str, layer: int) -> int:
     """The tie plan: every layer's attention and FFN core is layer 0's; every linear layer
     and norm (made by the cores of layer 0, or at the norm sites) is its own layer's."""
     return 0 if kind == "core" else layer
-
-
-def attention_params(cfg: ModelConfig) -> int:
-    """Parameters of one baseline attention core: W_q, W_k, W_v, W_o."""
-    d, h, h_kv, d_h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    return d * h * d_h + 2 * d * h_kv * d_h + h * d_h * d
 
 
 @register
@@ -113,7 +108,7 @@ class WideNet(Method):
         return [BalanceLogging()] if self.opts.moe else []
 
     def extra_params(self, cfg: ModelConfig) -> int:
-        shared = -(cfg.n_layers - 1) * (attention_params(cfg) + 3 * cfg.d_model * cfg.d_ff)
+        shared = -(cfg.n_layers - 1) * block_projection_params(cfg)
         return shared + (moe_extra_params(cfg, self.moe_options(), 1) if self.opts.moe else 0)
 
     def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
