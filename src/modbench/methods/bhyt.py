@@ -113,9 +113,13 @@ class BoundedTanh(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        u = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) / self.bound
+        u = xf * torch.rsqrt(self.variance(xf) + self.eps) / self.bound
         y = torch.tanh(self.alpha.to(xf.dtype) * u) * self.weight.to(xf.dtype)
         return y.to(x.dtype)
+
+    def variance(self, xf: torch.Tensor) -> torch.Tensor:
+        """The statistic the input is divided by (before eps): the exact mean square here."""
+        return xf.pow(2).mean(-1, keepdim=True)
 
     def modbench_init(self) -> None:
         nn.init.constant_(self.alpha, self.alpha0)
@@ -141,13 +145,10 @@ class StatBoundedTanh(BoundedTanh):
         super().__init__(dim, eps, bound, alpha)
         self.cell = _BlockCell()  # a plain attribute (no tensors until a forward)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        ms = xf.pow(2).mean(-1, keepdim=True)
+    def variance(self, xf: torch.Tensor) -> torch.Tensor:
+        ms = super().variance(xf)
         self.cell.ms = ms
-        u = xf * torch.rsqrt(ms + self.eps) / self.bound
-        y = torch.tanh(self.alpha.to(xf.dtype) * u) * self.weight.to(xf.dtype)
-        return y.to(x.dtype)
+        return ms
 
 
 def attention_scale(w_v: torch.Tensor, w_o: torch.Tensor, head_dim: int, seq_len: int
@@ -177,7 +178,7 @@ class SharedStatBoundedTanh(BoundedTanh):
     def link(self, attn_norm: StatBoundedTanh, v: nn.Module, o: nn.Module) -> None:
         self.source = (attn_norm, v, o)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def variance(self, xf: torch.Tensor) -> torch.Tensor:
         if self.source is None:
             raise RuntimeError(f"bhyt: the FFN-input norm of layer {self.layer} was never "
                                "linked to its block's attention-input norm")
@@ -187,15 +188,11 @@ class SharedStatBoundedTanh(BoundedTanh):
             raise RuntimeError(f"bhyt: the FFN-input norm of layer {self.layer} ran before "
                                "its block's attention-input norm; share=true needs Pre-LN order")
         attn_norm.cell.ms = None  # read once: no tensor outlives the forward
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         ms = ms.to(xf.dtype)
         c = attention_scale(v.weight.detach().to(xf.dtype), o.weight.detach().to(xf.dtype),
                             self.head_dim, self.seq_len)
         lam1 = attn_norm.alpha.detach().to(xf.dtype)
-        var = ms + c * lam1 * lam1 / (self.bound * self.bound)
-        u = xf * torch.rsqrt(var + self.eps) / self.bound
-        y = torch.tanh(self.alpha.to(xf.dtype) * u) * self.weight.to(xf.dtype)
-        return y.to(x.dtype)
+        return ms + c * lam1 * lam1 / (self.bound * self.bound)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", shared statistic (T={self.seq_len})"

@@ -82,6 +82,7 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
+from modbench.model.norms import inv_rms
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import AdditiveStream, StreamState
 
@@ -119,10 +120,8 @@ class PhaseRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        xc = xf.unflatten(-1, (self.phases, self.dim // self.phases))
-        inv = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.eps)
-        return ((xc * inv).flatten(-2) * self.weight.to(xf.dtype)).to(x.dtype)
+        xc, inv = inv_rms(x.unflatten(-1, (self.phases, self.dim // self.phases)), self.eps)
+        return ((xc * inv).flatten(-2) * self.weight.to(xc.dtype)).to(x.dtype)
 
     def modbench_init(self) -> None:
         nn.init.ones_(self.weight)
