@@ -93,9 +93,12 @@ def _world() -> tuple[int, int]:
 
 
 class _Acts:
-    """Per site: the sum of squares (on the device) and the count of the entries seen."""
+    """Per site of ``model`` (each block's stream input, then the final norm's input): the
+    sum of squares (on the device) and the count of the entries seen."""
 
-    def __init__(self, n: int, device: torch.device) -> None:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.blocks, self.final = decoder_sites(model)
+        n = len(self.blocks) + 1
         self.sq = torch.zeros(n, dtype=torch.float64, device=device)
         self.count = [0] * n
 
@@ -104,12 +107,12 @@ class _Acts:
         self.sq[i] += torch.linalg.vector_norm(x, dtype=torch.float32).double() ** 2
         self.count[i] += x.numel()
 
-    def arm(self, model: nn.Module) -> list[Any]:
+    def arm(self) -> list[Any]:
         """Hooks that add each block's stream input and the final norm's input: a forward
         hook on each block reads, from the forward's stream records, what its attention
         sublayer read (the input of its pre-norm site). On the block, not the norm site:
         under the tie slot one norm module serves several layers."""
-        blocks, final = decoder_sites(model)
+        blocks, final = self.blocks, self.final
 
         def block_read(i: int) -> Callable[..., None]:
             def read(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
@@ -149,10 +152,9 @@ class LayerLogging(Callback):
         self.acts, self.batch = None, None
         if not logged_step(run, step):
             return
-        blocks, _ = decoder_sites(run.model)
-        self.acts, self.batch = _Acts(len(blocks) + 1, run.device), batch
+        self.acts, self.batch = _Acts(run.model, run.device), batch
         if not compiled_forward(run):
-            self.handles = self.acts.arm(run.model)
+            self.handles = self.acts.arm()
 
     def after_backward(self, run: TrainingRun, step: int) -> None:
         self._disarm()
@@ -207,15 +209,14 @@ class LayerLogging(Callback):
         """The step's activations from a forward of the member's own model, without
         gradients, on this process's rows of ``batch`` (see the module docstring)."""
         model = run.model
-        blocks, _ = decoder_sites(model)
-        acts = _Acts(len(blocks) + 1, run.device)
+        acts = _Acts(model, run.device)
         rank, size = _world()
         rows = batch.shape[0] // size
         local = batch[rank * rows:(rank + 1) * rows].to(run.device,
                                                         non_blocking=batch.is_pinned())
         micro = run.cfg.train.micro_batch_size or local.shape[0]
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        handles = acts.arm(model)
+        handles = acts.arm()
         try:
             with torch.no_grad(), autocast_for(run.cfg.recipe.precision, run.device)():
                 for chunk in local.split(max(1, micro)):
