@@ -63,3 +63,13 @@ def test_decoder_equation(shape: dict) -> None:
 def test_odd_heads_refused() -> None:
     with pytest.raises(ModbenchError, match="even"):
         build_model(small_cfg("diff_attn", n_heads=4, n_kv_heads=1))
+
+
+def test_odd_heads_of_one_layer_refused() -> None:
+    """Under the shape slot each layer has its own head counts (here layer 0 gets 2 query and
+    1 KV head from layerwise_scaling): an odd one is refused in one line, naming the layer."""
+    cfg = small_cfg("layerwise_scaling(match=false)+diff_attn", n_heads=4, n_kv_heads=2,
+                    n_layers=3)
+    with pytest.raises(ModbenchError, match="layer 0 has n_heads=2 and n_kv_heads=1") as err:
+        build_model(cfg)
+    assert "\n" not in str(err.value)

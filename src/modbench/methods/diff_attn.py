@@ -109,6 +109,11 @@ class DiffAttention(Method):
             )
 
         def factory(c: ModelConfig, layer: int) -> nn.Module:
+            if c.n_heads % 2 or c.n_kv_heads % 2:  # a layer's own shape (the shape slot)
+                raise ModbenchError(
+                    f"diff_attn pairs heads, but layer {layer} has n_heads={c.n_heads} and "
+                    f"n_kv_heads={c.n_kv_heads} under the shape slot; choose per-layer head "
+                    "counts that are even")
             return DiffKernel(c.head_dim, layer)
 
         spec.fill("attn.kernel", factory, by=self.name)
