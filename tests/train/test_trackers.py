@@ -101,6 +101,34 @@ def test_wandb_online_without_credentials_is_refused(tmp_path: Path,
     assert not (tmp_path / "run").exists()
 
 
+def test_wandb_offline_from_its_settings_file_needs_no_credentials(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wandb offline` writes ``mode = offline`` into ./wandb/settings rather than the
+    environment: the credential check reads W&B's settings as wandb.init will."""
+    wandb = pytest.importorskip("wandb")
+    import inspect
+
+    if "prompt" not in inspect.signature(wandb.login).parameters:
+        pytest.skip("this wandb cannot look for credentials without prompting")
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "settings").write_text("[default]\nmode = offline\n")
+    wandb.teardown()  # settings another test had W&B read
+    try:
+        trackers.check_trackers(["wandb"])  # offline: no credentials needed, nothing refused
+        (tmp_path / "wandb" / "settings").write_text("[default]\nmode = online\n")
+        wandb.teardown()
+        with pytest.raises(ModbenchError, match="no credentials"):
+            trackers.check_trackers(["wandb"])
+    finally:
+        wandb.teardown()
+
+
 # ----------------------------------------------------------------------- grouping
 
 

@@ -81,15 +81,23 @@ def check_trackers(names: Iterable[str]) -> None:
 
 
 def _wandb_mode() -> str:
-    return (os.environ.get("WANDB_MODE") or "online").strip().lower()
+    """W&B's mode as ``wandb.init`` will take it: ``WANDB_MODE``, else W&B's settings files
+    (``wandb offline`` writes ``mode = offline`` into ``./wandb/settings``), else online."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"].strip().lower()
+    import wandb
+
+    return str(wandb.setup().settings.mode or "online").strip().lower()
 
 
 def _check_wandb_login() -> None:
     """W&B online needs credentials (``wandb login``, ``WANDB_API_KEY``, ...); without them
-    ``wandb.init`` would prompt for a key or fail mid-run. Offline and disabled need none."""
+    ``wandb.init`` would prompt for a key or fail mid-run. Offline and disabled need none
+    (set by ``WANDB_MODE`` or by ``wandb offline`` / ``wandb disabled``)."""
+    import wandb
+
     if _wandb_mode() in ("offline", "disabled", "dryrun"):
         return
-    import wandb
 
     if "prompt" not in inspect.signature(wandb.login).parameters:
         return  # an older wandb cannot ask without prompting: wandb.init reports it
