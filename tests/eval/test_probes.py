@@ -286,3 +286,16 @@ def test_probe_curve_during_training_matches_eval(tmp_path: Path) -> None:
 def test_eval_probes_must_not_be_negative() -> None:
     with pytest.raises(ModbenchError, match=r"train\.eval_probes"):
         tiny("baseline", 0, 10, "train.eval_probes=-1")
+
+
+def test_eval_of_a_run_without_checkpoint(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The same one-line refusals as `modbench diagnose` (eval.run.check_run_folder)."""
+    assert run_cli(["eval", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.yaml").write_text("preset: tiny\n")
+    assert run_cli(["eval", str(tmp_path / "half")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no checkpoint" in err
+    assert not (tmp_path / "half" / "eval.json").exists()

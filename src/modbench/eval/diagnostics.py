@@ -796,20 +796,12 @@ def diagnose_run(run_dir: str | Path, *, batches: int = DEFAULT_BATCHES, threads
     ``batches`` validation batches; JSON-ready (nulls with ``null_reasons``). ``threads``:
     torch's CPU threads for the analysis (0: the run's ``train.threads``, where that is 0
     torch's default); the previous setting is restored afterwards."""
-    from modbench.eval.run import load_run
+    from modbench.eval.run import check_run_folder, load_run
     from modbench.runtime.data import open_data
     from modbench.runtime.device import resolve_device
 
     run = Path(run_dir)
-    if not run.is_dir():
-        raise ModbenchError(f"run folder {run} does not exist; pass the --out folder of a "
-                            "`modbench train` run")
-    if not (run / CONFIG).is_file():
-        raise ModbenchError(f"{run} is not a run folder (no config.yaml); pass the --out "
-                            "folder of a `modbench train` run")
-    if not (run / CHECKPOINT).is_file():
-        raise ModbenchError(f"{run} has no checkpoint ({CHECKPOINT}); let its training finish "
-                            "(or resume it with `modbench train --out RUN --resume`) first")
+    check_run_folder(run)
     if batches < 1:
         raise ModbenchError(f"--batches must be at least 1, got {batches}")
     if threads < 0:

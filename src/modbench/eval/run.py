@@ -32,6 +32,21 @@ from modbench.runtime.runfolder import CHECKPOINT, CONFIG, EVAL
 DEFAULT_PROBE_ITEMS = 200
 
 
+def check_run_folder(run_dir: Path) -> None:
+    """Refuse, in one line, a folder that is not a finished or checkpointed training run:
+    missing, no ``config.yaml``, or no checkpoint yet."""
+    if not run_dir.is_dir():
+        raise ModbenchError(f"run folder {run_dir} does not exist; pass the --out folder of a "
+                            "`modbench train` run")
+    if not (run_dir / CONFIG).is_file():
+        raise ModbenchError(f"{run_dir} is not a run folder (no config.yaml); pass the --out "
+                            "folder of a `modbench train` run")
+    if not (run_dir / CHECKPOINT).is_file():
+        raise ModbenchError(f"{run_dir} has no checkpoint ({CHECKPOINT}); let its training "
+                            "finish (or resume it with `modbench train --out RUN --resume`) "
+                            "first")
+
+
 def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, torch.nn.Module,
                                                                          int]:
     """The run's config, its model with the last checkpoint's weights, and that step.
@@ -39,11 +54,8 @@ def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, to
     Step-dependent modules (PowerNorm's warm-up, PRepBN's lambda) are set to the step of the
     checkpoint's last batch, as the trainer left them for its last validation, so the loaded
     model computes the function the run was validated with."""
-    cfg_file = run_dir / CONFIG
-    if not cfg_file.is_file():
-        raise ModbenchError(f"{run_dir} is not a run folder (no config.yaml); pass the --out "
-                            "folder of a `modbench train` run")
-    cfg = resolve(yaml_file=cfg_file)
+    check_run_folder(run_dir)
+    cfg = resolve(yaml_file=run_dir / CONFIG)
     state = load_checkpoint(run_dir / CHECKPOINT)
     model = build_model(cfg.model, seed=cfg.seed)
     model.load_state_dict(state["model"])

@@ -852,18 +852,16 @@ def remove_norm_modbench(run_dir: Path, out: Path, ft: FineTuneSettings, *,
                          diagnostics_batches: int = 4, control: bool = False,
                          progress: bool = True) -> Outcome:
     """Remove the norms of a modbench run (see the module docstring); writes ``out``."""
-    from modbench.eval.run import load_run
+    from modbench.eval.run import check_run_folder, load_run
     from modbench.runtime.data import open_data
     from modbench.runtime.device import resolve_device
-    from modbench.runtime.runfolder import CHECKPOINT, CONFIG
+    from modbench.runtime.runfolder import CONFIG
 
     started = time.time()
     if not (run_dir / CONFIG).is_file():
         raise ModbenchError(f"{run_dir} is neither a modbench run folder (no config.yaml) nor a "
                             "Hugging Face GPT-2 folder (no config.json); pass one of them")
-    if not (run_dir / CHECKPOINT).is_file():
-        raise ModbenchError(f"{run_dir} has no checkpoint ({CHECKPOINT}); let its training "
-                            "finish first")
+    check_run_folder(run_dir)
     from modbench.config import resolve
 
     check_method(resolve(yaml_file=run_dir / CONFIG).model.method)
