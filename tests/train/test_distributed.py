@@ -80,12 +80,17 @@ JOBS: dict[str, tuple[RunConfig, bool, int | None]] = {
     # a 0-dim parameter (FSDP leaves it whole) and a loss mask over probe answers
     "scalars_mask_fsdp": (cfg_of("value_residual", 6, "train.parallel=fsdp",
                                  "data.probe_mix=0.5", "data.probe_loss=answers"), False, None),
+    # recipe.precision=bf16: the forward under bf16 autocast, fp32 weights and reductions
+    "bf16_ddp": (cfg_of("baseline", 6, "recipe.precision=bf16"), False, None),
+    "bf16_fsdp": (cfg_of("baseline", 6, "recipe.precision=bf16", "train.parallel=fsdp",
+                         "train.activation_checkpointing=true"), False, None),
     "resume_1_to_2": (cfg_of(), True, None),  # a killed single-process run, resumed with 2
     "killed": (cfg_of(), False, KILL_AT),  # last: the kill ends the group
 }
 # the single-process runs the group's are compared with
 REFERENCE = {"ddp": "ddp", "fsdp": "ddp", "resume_1_to_2": "ddp", "ngpt_ddp": "ngpt_ddp",
-             "ngpt_fsdp": "ngpt_ddp", "scalars_mask_fsdp": "scalars_mask_fsdp"}
+             "ngpt_fsdp": "ngpt_ddp", "scalars_mask_fsdp": "scalars_mask_fsdp",
+             "bf16_ddp": "bf16_ddp", "bf16_fsdp": "bf16_ddp"}
 
 _WRITES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.link", "os.symlink",
            "os.truncate", "os.chmod", "shutil.rmtree", "shutil.copyfile", "shutil.move",
@@ -280,6 +285,25 @@ def test_only_rank_zero_writes(group: Path) -> None:
             if (name, f) in (("resume_1_to_2", "config.yaml"), ("killed", "summary.json")):
                 continue  # written by the single process it resumes / never reached
             assert any(f in w for w in mine), (name, f)
+
+
+@pytest.mark.parametrize("name", ["bf16_ddp", "bf16_fsdp"])
+def test_bf16_autocast_two_processes_train_like_one(group: Path, name: str) -> None:
+    """recipe.precision=bf16 on the CPU (gloo), DDP and FSDP with activation checkpointing:
+    the single-process bf16 run's batches and, within bf16 rounding (the matmuls see another
+    batch split), its losses; weights, gradients' reductions and checkpoints stay fp32."""
+    run, single = group / "runs" / name, group / "single" / REFERENCE[name]
+    one = json.loads((single / "summary.json").read_text())
+    two = json.loads((run / "summary.json").read_text())
+    assert two["batches_sha256"] == one["batches_sha256"] and two["processes"] == 2
+    va, vb = values(single), values(run)
+    assert [v[:2] for v in va] == [v[:2] for v in vb]
+    for (kind, step, x), (_, _, y) in zip(va, vb, strict=True):
+        assert abs(x - y) <= 2e-2, (kind, step, x, y)
+    weights = load_checkpoint(run / CHECKPOINT)["model"]
+    assert {w.dtype for w in weights.values()} == {torch.float32}
+    fp32 = values(group / "single" / "ddp")  # the same run in fp32: bf16 really ran
+    assert va[0][2] != fp32[0][2]
 
 
 def test_ngpt_renormalises_identically_under_ddp_and_fsdp(group: Path) -> None:
