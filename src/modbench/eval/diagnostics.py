@@ -43,7 +43,6 @@ from modbench.errors import ModbenchError
 from modbench.model.attention import ExplicitKernel, repeat_kv
 from modbench.model.spec import LINEAR_ROLES, parts_of
 from modbench.runtime.loss import lm_loss
-from modbench.runtime.runfolder import CHECKPOINT, CONFIG
 
 DEFAULT_BATCHES = 8  # cpu-small: 128 validation sequences, its eval_sequences
 WEIGHT_BITS = 4
