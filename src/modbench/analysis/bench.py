@@ -41,6 +41,7 @@ from modbench.config import ModelConfig, resolve
 from modbench.errors import ModbenchError
 from modbench.methods.build import plan
 from modbench.model.attention import ExplicitKernel
+from modbench.runtime.device import fused_kernel
 from modbench.runtime.loss import lm_loss
 
 # Dense bf16 peak (TFLOP/s) by device name, from the vendors' datasheets (SXM parts).
@@ -90,8 +91,9 @@ class Case:
     step_gib: float | None = None  # CUDA: peak allocation a step adds
 
     def __post_init__(self) -> None:
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
-                                     weight_decay=0.1)
+        params = list(self.model.parameters())  # the trainer's kernel, for both libraries
+        self.opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                     fused=fused_kernel(params))
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -71,3 +71,12 @@ def compiled(fn: Callable[..., Any], setting: bool | str,
         return out
 
     return first_tries_compiled
+
+
+def fused_kernel(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused Adam/AdamW kernel can take ``params`` (floating point, on the CPU
+    or a CUDA device): one vectorised pass per tensor instead of a dozen element-wise ops, the
+    same update to rounding. The trainer's optimizers use it where it can (torch's default on
+    the CPU is a Python loop over the tensors; ``benchmarks/optimizer_kernel.py``)."""
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
+                                for p in params)

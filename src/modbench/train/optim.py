@@ -16,6 +16,7 @@ from torch import nn
 
 from modbench.config import RecipeConfig
 from modbench.errors import ModbenchError
+from modbench.runtime.device import fused_kernel
 
 #: a parameter carrying this attribute set to True is never given to Muon (a method's hook
 #: for a 2-D parameter that is not a hidden matrix: a mixing table, a per-channel gain)
@@ -142,7 +143,7 @@ class MuonAdamW(torch.optim.Optimizer):
         groups = [{"params": ps, "weight_decay": wd, "optimizer": "adamw"}
                   for ps, wd in ((decay, recipe.weight_decay), (rest, 0.0)) if ps]
         self.adamw = torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas,
-                                       eps=recipe.eps)
+                                       eps=recipe.eps, fused=fused_kernel(adamw))
         # deliberately no super().__init__: the inner optimizers own the state; these
         # attributes make the pair look like one torch optimizer to the trainer
         self.defaults = {"lr": recipe.lr}
@@ -257,6 +258,6 @@ def build_optimizer(model: nn.Module, recipe: RecipeConfig) -> torch.optim.Optim
     if recipe.optimizer == "muon":
         return MuonAdamW(model, recipe)
     groups = param_groups(model, recipe.weight_decay)
-    if recipe.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
-    return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
+    fused = fused_kernel([p for g in groups for p in g["params"]])  # type: ignore[attr-defined]
+    kind = torch.optim.Adam if recipe.optimizer == "adam" else torch.optim.AdamW
+    return kind(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps, fused=fused)
