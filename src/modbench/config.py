@@ -153,6 +153,9 @@ class RecipeConfig:
     note: str = ""
 
     def validate(self) -> None:
+        """Each key on its own. Keys that must agree with each other are checked by
+        :meth:`check_combination`, once the methods' recipe exceptions are applied
+        (``modbench.methods.build.plan_run``): a method may set one of them itself."""
         if self.optimizer not in ("adamw", "adam", "muon"):
             raise ModbenchError(
                 f"recipe.optimizer must be 'adamw', 'adam' or 'muon', got {self.optimizer!r}"
@@ -172,10 +175,6 @@ class RecipeConfig:
         if self.muon_layerwise_lr not in ("none", "noise"):
             raise ModbenchError("recipe.muon_layerwise_lr must be 'none' or 'noise', got "
                                 f"{self.muon_layerwise_lr!r}")
-        if self.muon_layerwise_lr == "noise" and self.optimizer != "muon":
-            raise ModbenchError("recipe.muon_layerwise_lr=noise sets Muon's per-matrix learning "
-                                f"rates, but recipe.optimizer is {self.optimizer!r}; add "
-                                "recipe.optimizer=muon")
         if not 0.0 <= self.muon_noise_beta < 1.0:
             raise ModbenchError(
                 f"recipe.muon_noise_beta must be in [0, 1), got {self.muon_noise_beta}")
@@ -206,6 +205,14 @@ class RecipeConfig:
         if self.warmup_steps is not None:
             return self.warmup_steps
         return round(self.warmup_frac * steps)
+
+    def check_combination(self) -> None:
+        """The keys that depend on each other, as the run will train (recipe exceptions
+        applied): the Muon-only settings need recipe.optimizer=muon (``osp`` sets it)."""
+        if self.muon_layerwise_lr == "noise" and self.optimizer != "muon":
+            raise ModbenchError("recipe.muon_layerwise_lr=noise sets Muon's per-matrix learning "
+                                f"rates, but recipe.optimizer is {self.optimizer!r}; add "
+                                "recipe.optimizer=muon")
 
 
 @dataclass

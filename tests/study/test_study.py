@@ -107,10 +107,22 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
     ({"seeds": {"anchors": ["post_ln"]}}, "not in 'methods'"),
     ({"scales": ["tiny-x"]}, "unknown preset"),
     ({"overrides": ["train.stepz=3"]}, "unknown config key"),
+    # a recipe that clashes once the methods' recipe exceptions apply (the baseline's adamw)
+    ({"overrides": ["recipe.muon_layerwise_lr=noise"], "methods": ["osp"]},
+     r"add recipe\.optimizer=muon"),
 ])
 def test_bad_specs(tmp_path: Path, kw: dict, msg: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ModbenchError, match=msg):
         expand(load_spec(write_spec(tmp_path, **kw)))
+
+
+def test_a_method_may_set_the_recipe_key_another_needs(tmp_path: Path) -> None:
+    """osp sets optimizer=muon itself, so its runs take muon_layerwise_lr=noise (checked
+    after the recipe exceptions), while the same override on the baseline is refused."""
+    spec = load_spec(write_spec(tmp_path, baseline="osp", methods=["osp+qknorm"],
+                                overrides=["train.steps=4", "recipe.muon_layerwise_lr=noise"]))
+    runs = expand(spec)
+    assert runs and all(r.config.recipe.muon_layerwise_lr == "noise" for r in runs)
 
 
 def test_run_skip_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from modbench.config import resolve
 from modbench.errors import ModbenchError
+from modbench.methods.build import plan_run
 from modbench.train.distributed import check_world
 from modbench.train.optim import NO_MUON, MuonAdamW, build_optimizer, muon_split
 from modbench.train.trainer import train, train_seeds
@@ -279,10 +280,18 @@ def test_layerwise_state_must_match_on_load() -> None:
         assert "\n" not in str(err.value)
 
 
-def test_noise_needs_muon() -> None:
+def test_noise_needs_muon(tmp_path: Path) -> None:
+    """Checked once the methods' recipe exceptions are applied: refused for the baseline
+    (before anything is written), accepted for osp, which sets optimizer=muon itself."""
     with pytest.raises(ModbenchError, match=r"add recipe\.optimizer=muon") as err:
-        resolve("tiny", overrides=[NOISE])
+        plan_run(resolve("tiny", overrides=[NOISE]))
     assert "\n" not in str(err.value)
+    with pytest.raises(ModbenchError, match=r"add recipe\.optimizer=muon"):
+        train(tiny("baseline", 0, 2, NOISE), tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused").exists()
+    run, _ = plan_run(resolve("tiny", method="osp", overrides=[NOISE]))
+    assert (run.recipe.optimizer, run.recipe.muon_layerwise_lr) == ("muon", "noise")
+    assert run.recipe_exceptions == {"optimizer": "muon"}
 
 
 @pytest.mark.parametrize("override, match", [

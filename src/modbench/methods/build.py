@@ -101,6 +101,7 @@ def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
                                 "recipe key; fix the method's recipe_exceptions")
         setattr(run.recipe, key, value)
     run.recipe.validate()
+    run.recipe.check_combination()
     return run, p
 
 

@@ -47,7 +47,7 @@ import yaml
 
 from modbench.config import EXECUTION_KEYS, RunConfig, resolve
 from modbench.errors import ModbenchError, suggest
-from modbench.methods.build import plan
+from modbench.methods.build import plan_run
 
 
 @dataclass
@@ -329,5 +329,5 @@ def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
                  f"data.probe_mix={spec.data.probe_mix}",
                  f"data.probe_loss={spec.data.probe_loss}", *spec.overrides]
     cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
-    plan(cfg.model)  # unknown or conflicting methods fail now, not mid-study
+    plan_run(cfg)  # unknown or conflicting methods, and recipes that clash, fail now
     return RunSpec(config_key(cfg), scale, method, seed, cfg)
