@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
-import statistics
 import sys
-import time
 
 import torch
+from _timing import interleaved_medians  # benchmarks/_timing.py
 
 from modbench.config import resolve
 from modbench.methods.build import plan
@@ -37,12 +35,6 @@ def engine(preset: str, k: int, device: torch.device) -> tuple[LocalEngine, torc
     batch = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len),
                           generator=g)
     return eng, batch
-
-
-def timed(step: object) -> float:
-    t0 = time.perf_counter()
-    step()  # type: ignore[operator]
-    return time.perf_counter() - t0
 
 
 def measure(preset: str, k: int, rounds: int, device: torch.device) -> dict[str, float]:
@@ -63,17 +55,7 @@ def measure(preset: str, k: int, rounds: int, device: torch.device) -> dict[str,
             e.update([0])
         singles[0].synchronize()
 
-    cases = {"stacked": step_stacked, "one by one": step_singles}
-    for fn in cases.values():
-        fn()
-    times: dict[str, list[float]] = {n: [] for n in cases}
-    rng = random.Random(0)
-    for _ in range(rounds):
-        order = list(cases.items())
-        rng.shuffle(order)
-        for name, fn in order:
-            times[name].append(timed(fn))
-    med = {n: statistics.median(v) for n, v in times.items()}
+    med = interleaved_medians({"stacked": step_stacked, "one by one": step_singles}, rounds)
     return {"stacked_ms": 1e3 * med["stacked"], "separate_ms": 1e3 * med["one by one"],
             "speedup": med["one by one"] / med["stacked"]}
 

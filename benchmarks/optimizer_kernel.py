@@ -15,12 +15,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
-import time
 
 import torch
+from _timing import interleaved_medians  # benchmarks/_timing.py
 
 from modbench.config import resolve
 from modbench.methods.build import plan
@@ -48,20 +46,8 @@ def stepper(preset: str, fused: bool) -> tuple[object, int]:
 
 
 def measure(preset: str, rounds: int, steps: int) -> dict[str, float]:
-    cases = {"fused": stepper(preset, True)[0], "for-loop": stepper(preset, False)[0]}
-    for fn in cases.values():
-        fn()  # type: ignore[operator]
-    times: dict[str, list[float]] = {n: [] for n in cases}
-    rng = random.Random(0)
-    for _ in range(rounds):
-        order = list(cases.items())
-        rng.shuffle(order)
-        for name, fn in order:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                fn()  # type: ignore[operator]
-            times[name].append((time.perf_counter() - t0) / steps)
-    med = {n: statistics.median(v) for n, v in times.items()}
+    med = interleaved_medians({"fused": stepper(preset, True)[0],
+                               "for-loop": stepper(preset, False)[0]}, rounds, steps=steps)
     return {"fused_ms": 1e3 * med["fused"], "loop_ms": 1e3 * med["for-loop"],
             "speedup": med["for-loop"] / med["fused"]}
 
