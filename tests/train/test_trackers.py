@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,11 @@ def test_a_study_refuses_a_missing_tracker_before_its_folder(
     assert not (tmp_path / "study").exists()
 
 
-def test_wandb_online_without_credentials_is_refused(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """W&B with no credentials anywhere it looks (environment, netrc, config dir), no mode in
+    the environment and no settings read before (W&B keeps what it read in its process-wide
+    setup: forgotten before and after); yields the wandb module."""
     wandb = pytest.importorskip("wandb")
     import inspect
 
@@ -93,40 +97,30 @@ def test_wandb_online_without_credentials_is_refused(tmp_path: Path,
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    try:
-        with pytest.raises(ModbenchError, match=r"no credentials.*WANDB_MODE=offline"):
-            Trainer(_tiny_tracked("wandb"), tmp_path / "run", progress=False)
-    finally:
-        wandb.teardown()  # W&B keeps the settings it read: forget this test's
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()
+
+
+def test_wandb_online_without_credentials_is_refused(tmp_path: Path,
+                                                     no_wandb_credentials: Any) -> None:
+    with pytest.raises(ModbenchError, match=r"no credentials.*WANDB_MODE=offline"):
+        Trainer(_tiny_tracked("wandb"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
 
 def test_wandb_offline_from_its_settings_file_needs_no_credentials(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_wandb_credentials: Any) -> None:
     """`wandb offline` writes ``mode = offline`` into ./wandb/settings rather than the
     environment: the credential check reads W&B's settings as wandb.init will."""
-    wandb = pytest.importorskip("wandb")
-    import inspect
-
-    if "prompt" not in inspect.signature(wandb.login).parameters:
-        pytest.skip("this wandb cannot look for credentials without prompting")
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "wandb").mkdir()
     (tmp_path / "wandb" / "settings").write_text("[default]\nmode = offline\n")
-    wandb.teardown()  # settings another test had W&B read
-    try:
-        trackers.check_trackers(["wandb"])  # offline: no credentials needed, nothing refused
-        (tmp_path / "wandb" / "settings").write_text("[default]\nmode = online\n")
-        wandb.teardown()
-        with pytest.raises(ModbenchError, match="no credentials"):
-            trackers.check_trackers(["wandb"])
-    finally:
-        wandb.teardown()
+    trackers.check_trackers(["wandb"])  # offline: no credentials needed, nothing refused
+    (tmp_path / "wandb" / "settings").write_text("[default]\nmode = online\n")
+    no_wandb_credentials.teardown()  # forget the settings read above
+    with pytest.raises(ModbenchError, match="no credentials"):
+        trackers.check_trackers(["wandb"])
 
 
 # ----------------------------------------------------------------------- grouping
