@@ -19,8 +19,8 @@ from modbench.cli import (
     plain_table,
     render_table,
     run_cli,
-    tidy_help,
 )
+from modbench.helptext import tidy_help
 from modbench.methods.catalog import method_rows
 
 HEAVY = ("torch", "transformers", "numpy", "tokenizers")  # docs/cli.md names all four
@@ -231,6 +231,24 @@ def test_torchrun_entry_exits_3_for_a_diverged_run(tmp_path: Path,
                  str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
     assert main(["--help"]) == 0
+
+
+def test_torchrun_entry_help_reads_like_modbench_train(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m modbench.train --help` wraps and keeps its defaults as `modbench train
+    --help` does (the same tidied help: no `[default: x]` swallowed as markup)."""
+    from modbench.train.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["--help"]) == 0
+    torchrun = capsys.readouterr().out
+    assert run_cli(["train", "--help"]) == 0
+    modbench = capsys.readouterr().out
+    assert "Usage: python -m modbench.train" in torchrun
+    assert "[default: cpu-small]." in torchrun and not re.search(r"\w \.(\s|$)", torchrun)
+    lines = [line.rstrip() for line in torchrun.splitlines()]
+    assert [x.replace("python -m modbench.train", "modbench train") for x in lines] == [
+        line.rstrip() for line in modbench.splitlines()]
 
 
 @pytest.mark.parametrize("status,code", [("completed", 0), ("stalled", 3), ("diverged", 3)])

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from modbench.errors import ModbenchError
+from modbench.helptext import tidy_help
 
 EXIT_DIVERGED = 3  # a run's status is one of UNSUCCESSFUL (the CLI's exit codes: docs/cli.md)
 UNSUCCESSFUL = ("diverged", "stalled")
@@ -171,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     diverged or stalled run exits 3 (outside a torchrun group)."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
+    command = typer.main.get_command(app)
+    tidy_help(command, escape_markup=app.rich_markup_mode == "rich")  # as `modbench train`
     try:  # without standalone mode, click returns the code of an Exit (a diverged run's 3)
-        code = app(args=sys.argv[1:] if argv is None else argv,
-                   prog_name="python -m modbench.train", standalone_mode=False)
+        code = command.main(args=sys.argv[1:] if argv is None else argv,
+                            prog_name="python -m modbench.train", standalone_mode=False)
     except ModbenchError as e:
         line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
         print(f"error: {line}", file=sys.stderr, flush=True)
