@@ -354,14 +354,27 @@ def test_two_worker_processes_run_a_study_and_exit_cleanly(tmp_path: Path) -> No
 
 
 def test_auto_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker per usable CPU (at most 8): the affinity mask (a SLURM allocation of 3
+    CPUs on a 64-core node gives 3 workers of one thread), else the machine's count."""
+    import os
+
     import torch
 
+    from modbench.runtime.device import usable_cpus
     from modbench.study import runner
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert usable_cpus() == 2
     assert runner.auto_workers() == 2 and runner.LocalExecutor().workers == 2
-    monkeypatch.setattr(runner.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 9, 17}, raising=False)
+    assert runner.auto_workers() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert runner.auto_workers() == 8
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS: the machine's count
+    assert usable_cpus() == 64 and runner.auto_workers() == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cpus() == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert runner.auto_workers() == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -80,3 +81,13 @@ def fused_kernel(params: list[torch.Tensor]) -> bool:
     the CPU is a Python loop over the tensors; ``benchmarks/optimizer_kernel.py``)."""
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
                                 for p in params)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, which is what a SLURM allocation
+    (cgroup cpuset), ``taskset`` or a container's CPU set allows, else ``os.cpu_count()`` (the
+    machine's, which on a shared cluster node can be many times the allocation)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return max(1, os.cpu_count() or 1)

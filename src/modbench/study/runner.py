@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
-import os
 import shutil
 import traceback
 from collections.abc import Iterable, Iterator
@@ -238,14 +237,17 @@ class Executor(Protocol):
 
 
 def auto_workers() -> int:
-    """``--workers`` left out: one worker per CPU core (at most 8) on a machine without a GPU,
+    """``--workers`` left out: one worker per usable CPU core (at most 8; the process's affinity
+    mask, so a SLURM allocation, not the whole node) on a machine without a GPU,
     each with one thread: small models run at least as fast on one thread, so processes, not
     threads, fill the cores. With CUDA, one worker (the local executor has one device)."""
     import torch
 
+    from modbench.runtime.device import usable_cpus
+
     if torch.cuda.is_available():
         return 1
-    return max(1, min(os.cpu_count() or 1, 8))
+    return min(usable_cpus(), 8)
 
 
 #: A job whose worker process dies (killed, out of memory, a crash below Python) goes to a
@@ -281,7 +283,9 @@ class LocalExecutor:
             for job in jobs:
                 yield execute_job(job)
             return
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        from modbench.runtime.device import usable_cpus
+
+        threads = max(1, usable_cpus() // workers)
         queue = collections.deque(dataclasses.replace(j, threads=threads) for j in jobs)
         ctx = multiprocessing.get_context("spawn")
         pool: list[_Worker] = []

@@ -74,7 +74,7 @@ from torch import nn
 from modbench.config import RunConfig, TrainConfig, dump_yaml, resolve
 from modbench.errors import ModbenchError
 from modbench.model.spec import shares_parameters
-from modbench.runtime.device import compiled
+from modbench.runtime.device import compiled, usable_cpus
 from modbench.runtime.loss import lm_loss
 from modbench.runtime.runfolder import SUMMARY
 from modbench.train.engine import StepValue
@@ -505,7 +505,7 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
     local_batch(cfg.train, nproc)
     out = Path(out_dir).absolute()
     env = dict(os.environ)
-    threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // nproc)
+    threads = cfg.train.threads or max(1, usable_cpus() // nproc)
     env.setdefault("OMP_NUM_THREADS", str(threads))  # (torchrun would set 1, and say so)
     with tempfile.TemporaryDirectory(prefix="modbench-launch-") as tmp:
         config = Path(tmp) / "config.yaml"
