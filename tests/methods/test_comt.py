@@ -95,3 +95,27 @@ def test_post_ln_comt_trains_a_step() -> None:
     lm_loss(model(IDX), IDX).backward()
     lin = model.blocks[0].attn.core.q_proj
     assert lin.mod_out.grad is not None and lin.mod_out.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("method", ["comt(modules=mlp)+moe", "comt+moe", "comt+widenet",
+                                    "comt+tokenformer"])
+def test_a_sublayer_left_unmodulated_is_refused(method: str) -> None:
+    """moe's experts, widenet's and TokenFormer's FFN make their projections themselves, so
+    comt's FFN modulators would never be built: refused in one line, naming the sublayer."""
+    with pytest.raises(ModbenchError, match=r"FFN's gate/up/down projections.*cannot be "
+                                            r"combined.*modules=self_attention") as err:
+        build_model(cfg_for(method))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method, modulated", [
+    ("comt(modules=self_attention)+moe", {"q", "k", "v", "o"}),
+    ("comt+relu2", {"q", "k", "v", "o", "up", "down"}),  # no gate in a two-matrix FFN
+    ("comt(modules=only_first)+relu2", {"q", "k", "v", "up"}),
+])
+def test_what_exists_is_modulated(method: str, modulated: set[str]) -> None:
+    model = build_model(cfg_for(method))
+    for layer, block in enumerate(model.blocks):
+        mods = {name.rsplit(".", 1)[0] for name, _ in block.named_parameters()
+                if name.endswith("mod_in")}
+        assert {r for r, path in ROLES.items() if path in mods} == modulated, layer

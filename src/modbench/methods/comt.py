@@ -39,8 +39,10 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import ModelSpec, parts_of
 
+ATTN_ROLES = ("q", "k", "v", "o")
+FFN_ROLES = ("gate", "up", "down")
 MODULE_ROLES: dict[str, tuple[str, ...]] = {
     "all": ("q", "k", "v", "o", "gate", "up", "down"),
     "self_attention": ("q", "k", "v", "o"),
@@ -113,6 +115,26 @@ class CoMT(Method):
             return ModulatedLinear(module, d_in, d_out, hidden, c.init_std)
 
         spec.add("linear_wrappers", wrap, by=self.name)
+
+    def post_init(self, model: nn.Module) -> None:
+        """Refuse a combination that leaves a requested sublayer unmodulated: a core that
+        makes its projections itself (``moe``'s experts, TokenFormer's Pattention) is never
+        wrapped, so ``comt(modules=mlp)+moe`` would train the plain model. Per block, each
+        sublayer the ``modules`` option names (attention: q k v o; FFN: gate up down) must
+        have at least one of the named projections (``relu2``'s FFN has no gate: its up and
+        down are modulated)."""
+        parts = parts_of(model)
+        roles = self._roles()
+        for layer in range(model.cfg.n_layers):  # type: ignore[union-attr]
+            for sublayer, group in (("attention", ATTN_ROLES), ("FFN", FFN_ROLES)):
+                wanted = [r for r in roles if r in group]
+                if wanted and not any(parts.has_linear(r, layer) for r in wanted):
+                    raise ModbenchError(
+                        f"comt(modules={self.opts.modules}) modulates the {sublayer}'s "
+                        f"{'/'.join(wanted)} projections, but block {layer}'s {sublayer} has "
+                        "none made through the linear slot (another method builds them "
+                        "itself); these methods cannot be combined, or choose modules="
+                        + ("self_attention" if sublayer == "FFN" else "mlp"))
 
     def _widths(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         d, dh = cfg.d_model, cfg.head_dim

@@ -60,8 +60,9 @@ Choices of our own, where the sources are silent or we depart from them:
   graph there.
 - The experts' projections come from the ``linear`` slot (plain bias-free ``nn.Linear`` at
   the baseline) but are not listed in ``model.parts`` (which names one linear layer per role
-  and layer) and get no ``linear_wrappers``: a method that adjusts the FFN's ``gate``, ``up``,
-  ``down`` through ``parts`` or wraps them (DeepNorm's beta, CoMT) leaves the experts alone.
+  and layer) and get no ``linear_wrappers``. The methods that adjust the FFN's ``gate``,
+  ``up``, ``down`` through ``parts`` or wrap them refuse the combination rather than leave the
+  experts alone (``deepnorm``; ``comt`` unless ``modules=self_attention``).
   The activation is the ``ffn.act`` slot (SiLU; GeGLU's GELU when combined).
 
 Logged: the callback adds ``moe_balance`` (the mean of l_balance over the step's calls:
