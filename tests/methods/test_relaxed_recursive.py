@@ -117,6 +117,20 @@ def test_blocks_must_divide_the_depth() -> None:
         build_model(cfg_of("relaxed_recursive(init=upper)"))
 
 
+@pytest.mark.parametrize("other", ["moe", "tokenformer"])
+def test_a_core_with_its_own_projections_is_refused(other: str) -> None:
+    """moe's experts and TokenFormer's Pattention are made by their cores, not through the
+    linear slot: neither shared across the loops nor relaxed, so refused in one line."""
+    with pytest.raises(ModbenchError, match=r"block 0's FFN has none made through the linear "
+                                            r"slot.*cannot be combined") as e:
+        build_model(cfg_of(f"relaxed_recursive+{other}"))
+    assert "\n" not in str(e.value)
+    model = build_model(cfg_of("relaxed_recursive+relu2"))  # a 2-matrix FFN: shared, relaxed
+    parts = parts_of(model)
+    assert not parts.has_linear("gate", 1)
+    assert isinstance(parts.linear("up", 1), LoRALinear)
+
+
 # ------------------------------------------------------------------ the model's function
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from modbench.config import ModelConfig
+from modbench.model.spec import parts_of
 from modbench.runtime.callback import Callback
 
 
@@ -64,3 +65,25 @@ def inner_linear(m: nn.Module) -> nn.Module:
     while hasattr(m, "inner"):
         m = m.inner
     return m
+
+
+#: a block's projections by sublayer, as ``model.parts`` names them
+SUBLAYER_ROLES: dict[str, tuple[str, ...]] = {"attention": ("q", "k", "v", "o"),
+                                              "FFN": ("gate", "up", "down")}
+
+
+def unreached_sublayer(model: nn.Module,
+                       roles: tuple[str, ...]) -> tuple[int, str, list[str]] | None:
+    """For a method that acts on the linear layers of ``roles`` (through the ``linear`` /
+    ``tie`` / ``linear_wrappers`` slots): the first ``(block, sublayer, roles asked there)``
+    where the sublayer has none of them made through the linear slot, because another
+    method's core builds its projections itself (``moe``'s experts, TokenFormer's
+    Pattention), so the method would silently not reach it; ``None`` when every sublayer it
+    names has at least one (``relu2``'s FFN has no gate, and that is fine)."""
+    parts = parts_of(model)
+    for layer in range(model.cfg.n_layers):  # type: ignore[union-attr]
+        for sublayer, group in SUBLAYER_ROLES.items():
+            wanted = [r for r in roles if r in group]
+            if wanted and not any(parts.has_linear(r, layer) for r in wanted):
+                return layer, sublayer, wanted
+    return None

@@ -38,11 +38,10 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
+from modbench.methods._common import unreached_sublayer
 from modbench.methods.base import Method, register
-from modbench.model.spec import ModelSpec, parts_of
+from modbench.model.spec import ModelSpec
 
-ATTN_ROLES = ("q", "k", "v", "o")
-FFN_ROLES = ("gate", "up", "down")
 MODULE_ROLES: dict[str, tuple[str, ...]] = {
     "all": ("q", "k", "v", "o", "gate", "up", "down"),
     "self_attention": ("q", "k", "v", "o"),
@@ -117,24 +116,18 @@ class CoMT(Method):
         spec.add("linear_wrappers", wrap, by=self.name)
 
     def post_init(self, model: nn.Module) -> None:
-        """Refuse a combination that leaves a requested sublayer unmodulated: a core that
-        makes its projections itself (``moe``'s experts, TokenFormer's Pattention) is never
-        wrapped, so ``comt(modules=mlp)+moe`` would train the plain model. Per block, each
-        sublayer the ``modules`` option names (attention: q k v o; FFN: gate up down) must
-        have at least one of the named projections (``relu2``'s FFN has no gate: its up and
-        down are modulated)."""
-        parts = parts_of(model)
-        roles = self._roles()
-        for layer in range(model.cfg.n_layers):  # type: ignore[union-attr]
-            for sublayer, group in (("attention", ATTN_ROLES), ("FFN", FFN_ROLES)):
-                wanted = [r for r in roles if r in group]
-                if wanted and not any(parts.has_linear(r, layer) for r in wanted):
-                    raise ModbenchError(
-                        f"comt(modules={self.opts.modules}) modulates the {sublayer}'s "
-                        f"{'/'.join(wanted)} projections, but block {layer}'s {sublayer} has "
-                        "none made through the linear slot (another method builds them "
-                        "itself); these methods cannot be combined, or choose modules="
-                        + ("self_attention" if sublayer == "FFN" else "mlp"))
+        """Refuse a combination that leaves a sublayer ``modules`` names unmodulated: a core
+        that makes its projections itself (``moe``'s experts, TokenFormer's Pattention) is
+        never wrapped, so ``comt(modules=mlp)+moe`` would train the plain model."""
+        missed = unreached_sublayer(model, self._roles())
+        if missed is not None:
+            layer, sublayer, wanted = missed
+            raise ModbenchError(
+                f"comt(modules={self.opts.modules}) modulates the {sublayer}'s "
+                f"{'/'.join(wanted)} projections, but block {layer}'s {sublayer} has none "
+                "made through the linear slot (another method builds them itself); these "
+                "methods cannot be combined, or choose modules="
+                + ("self_attention" if sublayer == "FFN" else "mlp"))
 
     def _widths(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         d, dh = cfg.d_model, cfg.head_dim

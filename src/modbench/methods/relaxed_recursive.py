@@ -83,7 +83,10 @@ Choices of our own (the sources are silent or the lab differs):
   in Muon's split like every other hidden matrix (a factor with a side of 1, rank 1, goes
   to AdamW by the split's own rule); the authors' code trains with AdamW;
 - the authors' "middle" strategies (first and last layer unshared), the KV-cache sharing,
-  the early exits and continuous depth-wise batching are not implemented.
+  the early exits and continuous depth-wise batching are not implemented;
+- a core that makes its projections itself rather than through the ``linear`` slot
+  (``moe``'s experts, TokenFormer's Pattention) would be neither shared nor relaxed: such
+  combinations are refused (:meth:`RelaxedRecursive.post_init`).
 """
 
 from __future__ import annotations
@@ -98,7 +101,11 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.methods._common import block_projection_params, projection_widths
+from modbench.methods._common import (
+    block_projection_params,
+    projection_widths,
+    unreached_sublayer,
+)
 from modbench.methods.base import Method, option_choice, parse_methods, register
 from modbench.model.spec import ModelSpec
 
@@ -247,6 +254,18 @@ class RelaxedRecursive(Method):
                               r.scale_for(d_in, d_out), c.init_std)
 
         spec.add("linear_wrappers", wrap, by=self.name)
+
+    def post_init(self, model: nn.Module) -> None:
+        """Refuse a combination whose core makes a sublayer's projections itself (``moe``'s
+        experts, TokenFormer's Pattention): those would be neither shared across the loops
+        nor relaxed, a partly recursive model under this method's name."""
+        missed = unreached_sublayer(model, RELAXED_ROLES)
+        if missed is not None:
+            layer, sublayer, _ = missed
+            raise ModbenchError(
+                f"relaxed_recursive shares every block's projections across its loops, but "
+                f"block {layer}'s {sublayer} has none made through the linear slot (another "
+                "method builds them itself, unshared); these methods cannot be combined")
 
     def _lora_params(self, cfg: ModelConfig) -> int:
         r = self.resolve(cfg)
