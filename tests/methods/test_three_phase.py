@@ -241,6 +241,17 @@ def test_refusal_lists_the_channel_counts_the_shape_allows() -> None:
         build_model(cfg)
 
 
+def test_head_alignment_is_checked_per_layer() -> None:
+    """layerwise_scaling gives layer 0 of this shape 2 query and 1 KV head: one KV head
+    cannot be split over 2 channels, refused in one line naming the layer; with phases=1
+    every layer aligns."""
+    shape = {"n_heads": 4, "n_kv_heads": 2, "n_layers": 3}
+    with pytest.raises(ModbenchError, match=r"layer 0 has n_heads=2 and n_kv_heads=1") as e:
+        build_model(small_cfg("layerwise_scaling(match=false)+three_phase", **shape))
+    assert "\n" not in str(e.value)
+    build_model(small_cfg("layerwise_scaling(match=false)+three_phase(phases=1)", **shape))
+
+
 def test_paper_shape_with_three_phases_builds() -> None:
     cfg = small_cfg("three_phase(phases=3)", d_model=48, n_heads=6, n_kv_heads=3)
     model = build_model(cfg).double()

@@ -83,7 +83,7 @@ from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
 from modbench.methods.base import Method, register
 from modbench.model.norms import inv_rms
-from modbench.model.spec import ModelSpec
+from modbench.model.spec import ModelSpec, parts_of
 from modbench.model.stream import AdditiveStream, StreamState
 
 
@@ -207,6 +207,21 @@ class ThreePhase(Method):
 
         spec.fill("norm", norm_factory, by=self.name)
         spec.fill("stream", stream_factory, by=self.name)
+
+    def post_init(self, model: nn.Module) -> None:
+        """The head alignment (3), per layer: under the shape slot (``layerwise_scaling``)
+        each layer has its own head counts, which :func:`check_phases` on the model's config
+        does not see. An attention core without ``n_heads`` / ``n_kv_heads`` is left alone."""
+        n, parts = self.opts.phases, parts_of(model)
+        for layer in range(model.cfg.n_layers):  # type: ignore[union-attr]
+            core = parts.core("attn", layer)
+            h, h_kv = getattr(core, "n_heads", None), getattr(core, "n_kv_heads", None)
+            if isinstance(h, int) and isinstance(h_kv, int) and (h % n or h_kv % n):
+                raise ModbenchError(
+                    f"three_phase with phases={n} aligns whole heads with its channels, but "
+                    f"layer {layer} has n_heads={h} and n_kv_heads={h_kv} under the shape "
+                    f"slot; choose per-layer head counts divisible by {n}, or phases "
+                    "dividing them")
 
     def extra_params(self, cfg: ModelConfig) -> int:
         check_phases(cfg, self.opts.phases)
