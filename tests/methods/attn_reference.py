@@ -115,6 +115,29 @@ def randomize_params(model: torch.nn.Module, seed: int = 0, scale: float = 1.0) 
                 p.copy_(r.to(p.dtype))
 
 
+def random_stream_model(method: str,
+                        stream: Callable[[str, torch.Tensor, torch.Generator],
+                                         torch.Tensor | None],
+                        *, seed: int, offset: int, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """(float64 model of :func:`small_cfg`, its config), with random values the references
+    see: each parameter ``stream(name, p, g)`` gives a value for (a residual stream's own
+    parameters) takes it, every other 1-D one a gain in [0.5, 1.5]; one generator seeded
+    ``seed + offset``, drawn in parameter order."""
+    from modbench.methods.build import build_model
+
+    cfg = small_cfg(method, **kw)
+    model = build_model(cfg, seed=seed).double()
+    g = torch.Generator().manual_seed(seed + offset)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            value = stream(name, p, g)
+            if value is not None:
+                p.copy_(value)
+            elif p.ndim == 1:
+                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) + 0.5)
+    return model, cfg
+
+
 def small_cfg(method: str, **kw: Any) -> Any:
     """A float64-friendly small shape with GQA (4 query heads, 2 KV heads)."""
     from modbench.config import ModelConfig

@@ -20,7 +20,13 @@ from modbench.errors import ModbenchError
 from modbench.methods import parse_methods
 from modbench.methods.attnres import block_sizes, source_counts
 from modbench.methods.build import build_model, count_params
-from tests.methods.attn_reference import IDX, small_cfg, standard_attention, swiglu
+from tests.methods.attn_reference import (
+    IDX,
+    random_stream_model,
+    small_cfg,
+    standard_attention,
+    swiglu,
+)
 from tests.reference import rms
 
 Tensor = torch.Tensor
@@ -33,16 +39,12 @@ SD = dict[str, Tensor]
 def random_model(method: str, seed: int = 1, **kw: Any) -> tuple[torch.nn.Module, Any]:
     """float64 model; every norm gain gets a random value in [0.5, 1.5] and every stream
     parameter a signed random perturbation, so the references see them."""
-    cfg = small_cfg(method, **kw)
-    model = build_model(cfg, seed=seed).double()
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("stream."):
-                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            elif p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) + 0.5)
-    return model, cfg
+    def stream(name: str, p: Tensor, g: torch.Generator) -> Tensor | None:
+        if not name.startswith("stream."):
+            return None
+        return p + 0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+    return random_stream_model(method, stream, seed=seed, offset=100, **kw)
 
 
 def branch(sd: SD, cfg: Any, layer: int, sub: str, x: Tensor) -> Tensor:

@@ -20,7 +20,13 @@ from modbench.methods.three_phase import PhaseRMSNorm, ThreePhaseStream
 from modbench.model.stream import AddMerge
 from modbench.train.trainer import train
 from tests.helpers import read_metrics, run_capturing, tiny
-from tests.methods.attn_reference import IDX, small_cfg, standard_attention, swiglu
+from tests.methods.attn_reference import (
+    IDX,
+    random_stream_model,
+    small_cfg,
+    standard_attention,
+    swiglu,
+)
 
 Tensor = torch.Tensor
 G = torch.Generator().manual_seed(0)
@@ -84,16 +90,12 @@ def reference_logits(model: torch.nn.Module, cfg: Any, n: int, scale: float) -> 
 
 def random_model(method: str, seed: int = 1, **kw: Any) -> tuple[torch.nn.Module, Any]:
     """float64 model with random norm gains in [0.5, 1.5] and random thetas."""
-    cfg = small_cfg(method, **kw)
-    model = build_model(cfg, seed=seed).double()
-    g = torch.Generator().manual_seed(seed + 10)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("stream.theta"):
-                p.copy_(2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            elif p.ndim == 1:
-                p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) + 0.5)
-    return model, cfg
+    def stream(name: str, p: Tensor, g: torch.Generator) -> Tensor | None:
+        if not name.startswith("stream.theta"):
+            return None
+        return 2 * torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+    return random_stream_model(method, stream, seed=seed, offset=10, **kw)
 
 
 # -------------------------------------------------------------------- the pieces
