@@ -41,6 +41,7 @@ EXECUTION_KEYS: dict[str, object] = {
     "train.log_layers": None,
     "train.log_layers_every": None,
     "train.trackers": None,
+    "train.dist_timeout": None,
 }
 
 
@@ -244,6 +245,10 @@ class TrainConfig:
     # gradients and optimizer state sharded (FSDP2, one unit per decoder block). Ignored by a
     # single process; the numbers agree with a single process to float32 rounding either way.
     parallel: str = "ddp"  # ddp | fsdp
+    # Multi-process runs: seconds a process waits at a collective (the data check, a step's
+    # all-reduce, a checkpoint's gather) before the run fails in one line naming this key;
+    # passed to init_process_group. How long it may wait, never what it computes.
+    dist_timeout: float = 1800.0
     # Recompute each decoder block's activations in the backward (torch.utils.checkpoint)
     # instead of keeping them: less memory, about one more forward of compute, same numbers.
     activation_checkpointing: bool = False
@@ -299,6 +304,10 @@ class TrainConfig:
                                            and not isinstance(self.compile, bool)):
             raise ModbenchError(f"train.compile must be auto, true or false, got "
                                 f"{self.compile!r}")
+        if isinstance(self.dist_timeout, bool) or not (
+                isinstance(self.dist_timeout, int | float) and 0 < self.dist_timeout < 1e9):
+            raise ModbenchError(f"train.dist_timeout must be a positive number of seconds "
+                                f"(default 1800), got {self.dist_timeout!r}")
         if self.parallel not in PARALLEL:
             raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
                                 f"{self.parallel!r}")
