@@ -88,7 +88,8 @@ class TokenDataset:
     """A prepared dataset: ``metadata.json`` + memory-mapped ``{split}_NNNNN.bin`` shards.
 
     Opening checks that the metadata parses, that every shard exists with the right byte size
-    and, when ``verify`` is true, that every shard's sha256 matches.
+    and, when ``verify`` is true, that every shard's sha256 matches (reading every byte: the
+    processes of a group on one node leave it to one of them, ``modbench.runtime.data``).
     """
 
     def __init__(self, path: str | Path, verify: bool = True) -> None:
@@ -225,9 +226,12 @@ class TokenDataset:
         return n
 
     # ------------------------------------------------------------------ reading rows
-    def _rows(self, split: str, indices: np.ndarray) -> np.ndarray:
-        """Gather rows by global index (any order, repeats allowed) as an int64 array."""
-        out = np.empty((indices.size, self.seq_len), dtype=np.int64)
+    def _rows(self, split: str, indices: np.ndarray,
+              out: np.ndarray | None = None) -> np.ndarray:
+        """Gather rows by global index (any order, repeats allowed) as an int64 array (into
+        ``out``, an int64 array of ``(len(indices), seq_len)``, when given)."""
+        if out is None:
+            out = np.empty((indices.size, self.seq_len), dtype=np.int64)
         offsets = self._offsets[split]
         shard_of = np.searchsorted(offsets, indices, side="right") - 1
         for s in np.unique(shard_of):
@@ -278,6 +282,18 @@ class TokenDataset:
         """
         rows = self._rows("train", self.train_indices(step, batch_size, data_seed))
         return torch.from_numpy(rows)
+
+    def train_rows_into(self, out: torch.Tensor, step: int, batch_size: int, data_seed: int,
+                        rows: tuple[int, int]) -> None:
+        """Write rows ``[lo, hi)`` of training batch ``step`` (:meth:`train_batch`) into
+        ``out`` (an int64 CPU tensor of ``(hi - lo, seq_len)``, e.g. pinned memory), reading
+        only those rows: a process of a group reads its own slice of the global batch."""
+        lo, hi = rows
+        if not 0 <= lo <= hi <= batch_size or tuple(out.shape) != (hi - lo, self.seq_len):
+            raise ValueError(f"rows {rows} of a batch of {batch_size} do not fit a tensor of "
+                             f"shape {tuple(out.shape)}")
+        indices = self.train_indices(step, batch_size, data_seed)[lo:hi]
+        self._rows("train", indices, out.numpy())
 
     def train_batch_and_mask(self, step: int, batch_size: int,
                              data_seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:

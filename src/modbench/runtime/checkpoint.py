@@ -1,15 +1,34 @@
-"""Checkpoints: written atomically, read safely.
+"""Checkpoints: written atomically, read safely, and asked for by a signal.
 
 A checkpoint is a ``torch.save`` file of plain containers, numbers, strings and tensors. It is
 read with ``weights_only=True``, so a file that carries any other pickled object (code that
-would run on loading) is refused before anything of it executes.
+would run on loading) is refused before anything of it executes. It is read memory-mapped
+(``mmap=True``): the tensors stay backed by the file (the page cache, which every process of a
+node shares) instead of each process copying the whole file into its own memory; a model's
+``load_state_dict`` then copies each tensor into place. Pages the run writes to (an optimizer
+state tensor the optimizer keeps as it is) are copied on write, so the file never changes.
+
+**Preemption.** SLURM sends a signal before it ends a job (its time limit, ``--signal``, or a
+preemption; submitit asks for SIGUSR2), torchrun passes SIGTERM to its processes.
+:func:`stop_on_signals` turns SIGUSR1, SIGUSR2 and SIGTERM into a request
+(:func:`stop_requested`) that the trainer reads between steps: it finishes the step, saves a
+checkpoint of it and raises :class:`Preempted` (a ``SystemExit`` with
+:data:`EXIT_PREEMPTED`, 75, sysexits' EX_TEMPFAIL: try again), which ``--resume`` continues
+exactly. A second signal of the same kind acts as it would have without the handler. The
+processes of a torchrun group also read a stop file (``MODBENCH_STOP_FILE``) that the process
+that launched them creates when it is signalled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -42,7 +61,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModbenchError(f"no checkpoint at {path}; nothing to resume (drop --resume)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # a legacy (non-zip) file cannot be mapped: read it
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise ModbenchError(
             f"checkpoint {path} holds objects other than tensors and plain data and was not "
@@ -59,6 +83,23 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file ``tensor``'s memory is mapped from (a checkpoint read by
+    :func:`load_checkpoint`), or None: the process's own (anonymous) memory, or a system
+    without ``/proc/self/maps``."""
+    ptr = tensor.untyped_storage().data_ptr()
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= ptr < high:
+            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
+    return None
+
+
 def checkpoint_step(path: Path) -> int:
     """The optimizer step a checkpoint was written at, read without loading its tensors
     (memory-mapped)."""
@@ -67,3 +108,78 @@ def checkpoint_step(path: Path) -> int:
     except Exception:
         state = load_checkpoint(path)  # not a zip checkpoint: the full, checked load
     return int(state["step"])
+
+
+# -------------------------------------------------------------------------- preemption
+
+#: the exit status of a process that saved its run on a signal and stopped (EX_TEMPFAIL)
+EXIT_PREEMPTED = 75
+#: the signals that ask a run to save and stop (SLURM's --signal, submitit's, torchrun's)
+STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+#: the file whose existence asks every process of a torchrun group to save and stop
+STOP_FILE_ENV = "MODBENCH_STOP_FILE"
+
+_requested: list[int] = []  # the signals received since stop_on_signals began
+
+
+class Preempted(SystemExit):
+    """A run saved a checkpoint of its current step on a signal and stopped; ``--resume``
+    continues it exactly. A ``SystemExit`` (exit status :data:`EXIT_PREEMPTED`), so code that
+    records an ``Exception`` as a failed run lets it through to the scheduler's handler."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.message, self.signum = message, signum
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def stop_requested() -> int | None:
+    """The signal that asked this process to stop (0: the stop file of its group), else
+    None."""
+    if _requested:
+        return _requested[0]
+    stop_file = os.environ.get(STOP_FILE_ENV)
+    if stop_file and os.path.exists(stop_file):
+        return 0
+    return None
+
+
+def signal_name(signum: int | None) -> str:
+    if not signum:
+        return "the stop file of its process group"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@contextlib.contextmanager
+def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[None]:
+    """While inside, :data:`STOP_SIGNALS` set :func:`stop_requested` (and call
+    ``on_signal``) instead of ending the process; each signal's previous handler is back
+    afterwards, and a second signal of a kind gets it at once. Outside the main thread
+    (where Python cannot take signals) nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        _requested.append(signum)
+        signal.signal(signum, previous[signum])  # the next one acts as before
+        if on_signal is not None:
+            on_signal(signum)
+
+    _requested.clear()
+    for name in STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, handle) or signal.SIG_DFL
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _requested.clear()

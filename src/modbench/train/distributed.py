@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import inspect
 import json
 import math
@@ -74,6 +75,14 @@ from torch import nn
 from modbench.config import RunConfig, TrainConfig, dump_yaml, resolve
 from modbench.errors import ModbenchError
 from modbench.model.spec import shares_parameters
+from modbench.runtime.checkpoint import (
+    EXIT_PREEMPTED,
+    STOP_FILE_ENV,
+    Preempted,
+    signal_name,
+    stop_on_signals,
+    stop_requested,
+)
 from modbench.runtime.device import compiled, usable_cpus
 from modbench.runtime.loss import lm_loss
 from modbench.runtime.runfolder import SUMMARY
@@ -98,15 +107,18 @@ class World:
         """Rank 0: the process that writes files."""
         return self.rank == 0
 
-    def init(self, device: torch.device) -> None:
+    def init(self, device: torch.device, timeout: float | None = None) -> None:
         """Initialise the default process group (env://, as torchrun sets it up) unless one
-        exists: gloo on the CPU, nccl on CUDA."""
+        exists: gloo on the CPU, nccl on CUDA; ``timeout``: seconds a collective may wait
+        (``train.dist_timeout``; None: torch's default)."""
         if self.size == 1 or dist.is_initialized():
             return
+        extra: dict[str, Any] = {} if timeout is None else {
+            "timeout": datetime.timedelta(seconds=timeout)}
         if device.type == "cuda":
-            dist.init_process_group("nccl", device_id=device)
+            dist.init_process_group("nccl", device_id=device, **extra)
         else:
-            dist.init_process_group("gloo")
+            dist.init_process_group("gloo", **extra)
         self.owned = True
 
     def barrier(self) -> None:
@@ -118,6 +130,35 @@ class World:
         if self.owned and dist.is_initialized():
             dist.destroy_process_group()
             self.owned = False
+
+
+_TIMED_OUT = re.compile(r"time[ds]? ?out|timeout|deadline", re.IGNORECASE)
+_PEER_LOST = re.compile(r"connection (closed|reset)|broken pipe|peer|recv|send|socket|"
+                        r"rendezvous|NCCL|gloo", re.IGNORECASE)
+
+
+def collective_failure(error: BaseException, world: World,
+                       timeout: float) -> ModbenchError | None:
+    """A one-line error for a collective that failed in a group of processes: waited past
+    ``train.dist_timeout`` (another process is slow or stuck), or lost a process that died
+    (its own error is the one to read); None for an error that is not the group's."""
+    if world.size < 2 or isinstance(error, ModbenchError) or not isinstance(
+            error, RuntimeError | ConnectionError | TimeoutError):
+        return None
+    text = str(error)
+    where = f"process {world.rank} of {world.size}"
+    if _TIMED_OUT.search(text):
+        return ModbenchError(
+            f"{where} waited more than train.dist_timeout={timeout:g}s at a collective (the "
+            "data check, a step or a checkpoint) for another process, which is stuck or much "
+            "slower; raise train.dist_timeout if that wait is expected, else look at the "
+            "other processes' errors, then continue the run with --resume")
+    if isinstance(error, ConnectionError) or _PEER_LOST.search(text):
+        return ModbenchError(
+            f"{where} lost another process of its group at a collective ("
+            f"{text.strip().splitlines()[-1][:160] if text.strip() else type(error).__name__}"
+            "); it failed or was killed: see its error, then continue the run with --resume")
+    return None
 
 
 def current_world() -> World:
@@ -258,12 +299,16 @@ class DistributedEngine:
         the loss returned is the LM loss alone."""
         w, r = self.world.size, self.world.rank
         rows = batch.shape[0] // w
-        local = batch[r * rows:(r + 1) * rows].to(self.device)
+        # only this process's rows go to the device; from pinned memory (the prefetcher's,
+        # on CUDA) without waiting, as on one process
+        ahead = self.device.type == "cuda" and batch.is_pinned()
+        local = batch[r * rows:(r + 1) * rows].to(self.device, non_blocking=ahead)
         micros = local.chunk(self.n_micro)
         # with a loss mask every prediction shares the global denominator; times W because
         # the gradient reduction averages over the processes
         count = int(mask.sum()) if mask is not None else 0
-        masks = (mask[r * rows:(r + 1) * rows].to(self.device).chunk(self.n_micro)
+        masks = (mask[r * rows:(r + 1) * rows].to(self.device, non_blocking=ahead)
+                 .chunk(self.n_micro)
                  if mask is not None else (None,) * len(micros))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, (micro, m) in enumerate(zip(micros, masks, strict=True)):
@@ -506,8 +551,14 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
     out = Path(out_dir).absolute()
     env = dict(os.environ)
     threads = cfg.train.threads or max(1, usable_cpus() // nproc)
-    env.setdefault("OMP_NUM_THREADS", str(threads))  # (torchrun would set 1, and say so)
+    # set, not defaulted: a Ray worker's OMP_NUM_THREADS (its task's CPUs) would give each
+    # of the nproc processes all of them (torchrun would set 1, and say so)
+    env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="modbench-launch-") as tmp:
+        # a stop signal here (SLURM, submitit) reaches the processes as this file: they save
+        # the step they are on and stop (runtime.checkpoint.stop_on_signals)
+        stop_file = Path(tmp) / "stop"
+        env[STOP_FILE_ENV] = str(stop_file)
         config = Path(tmp) / "config.yaml"
         config.write_text(dump_yaml(cfg))
         differ = sorted(_differing(resolve(yaml_file=config).to_dict(), cfg.to_dict()))
@@ -519,7 +570,14 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
                f"--nproc_per_node={nproc}", "-m", "modbench.train", "--config", str(config),
                "--out", str(out), "--resume" if resume else "--no-resume",
                "--progress" if progress else "--no-progress"]
-        rc, tail = _run(cmd, env, progress)
+        with stop_on_signals(lambda signum: stop_file.touch()):
+            rc, tail = _run(cmd, env, progress)
+            signum = stop_requested()
+    if rc != 0 and (signum is not None
+                    or re.search(rf"exit ?code\s*:\s*{EXIT_PREEMPTED}\b", tail)):
+        raise Preempted(f"training with {nproc} processes stopped by {signal_name(signum)}: "
+                        f"its step saved in {out}; continue with resume=True (--resume)",
+                        signum)
     if rc != 0:
         raise ModbenchError(_failure(tail, nproc, out, rc))
     try:
@@ -544,7 +602,7 @@ def _run(cmd: list[str], env: dict[str, str], echo: bool) -> tuple[int, str]:
     tail: collections.deque[bytes] = collections.deque()
     kept = 0
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_ignore_user_signals)
     assert proc.stderr is not None
     try:
         for chunk in _chunks(proc.stderr):
@@ -564,6 +622,18 @@ def _run(cmd: list[str], env: dict[str, str], echo: bool) -> tuple[int, str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _ignore_user_signals() -> None:
+    """In the torchrun child before it starts: SIGUSR1/SIGUSR2 ignored (their default ends
+    torchrun at once, orphaning its processes, when a scheduler signals every process of the
+    job); its training processes install their own handlers (stop_on_signals)."""
+    import signal
+
+    for name in ("SIGUSR1", "SIGUSR2"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _chunks(stream: Any) -> Iterator[bytes]:

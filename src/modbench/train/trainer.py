@@ -28,11 +28,13 @@ The run folder's files are described in :mod:`modbench.runtime.runfolder` and do
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import hashlib
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -53,12 +55,16 @@ from modbench.methods.base import Method
 from modbench.methods.build import plan_run, reads_train_seq_len
 from modbench.runtime.callback import Callback
 from modbench.runtime.checkpoint import (
+    Preempted,
     checkpoint_step,
     load_checkpoint,
     previous_path,
     save_checkpoint,
+    signal_name,
+    stop_on_signals,
+    stop_requested,
 )
-from modbench.runtime.data import Prefetcher, open_data
+from modbench.runtime.data import Prefetcher, open_data_in_group
 from modbench.runtime.device import autocast_for, resolve_device
 from modbench.runtime.loss import finite_or_none, perplexity
 from modbench.runtime.runfolder import (
@@ -75,6 +81,7 @@ from modbench.runtime.stall import StallCheck, check_stall, summary_fields
 from modbench.train.distributed import (
     DistributedEngine,
     check_world,
+    collective_failure,
     current_world,
     local_batch,
     rank_device,
@@ -233,14 +240,19 @@ class Trainer:
         self.init_checkpoint = (None if resume or tc.init_from is None
                                 else init_checkpoint(tc.init_from))
         self.device = rank_device(resolve_device(tc.device), self.world)
-        self.world.init(self.device)
-        # 3. data (missing, corrupt, wrong vocabulary, wrong packing); rank 0 prepares the
-        # built-in corpus before the others open it
-        if not self.world.main:
-            self.world.barrier()
-        self.data = open_data(self.cfg, progress and self.world.main)
-        if self.world.main:
-            self.world.barrier()
+        self.world.init(self.device, tc.dist_timeout)
+        # 3. data (missing, corrupt, wrong vocabulary, wrong packing); in a group rank 0
+        # prepares the built-in corpus, one process per node hashes the shards, and every
+        # process refuses damaged data in the same line (runtime.data.open_data_in_group)
+        try:
+            self.data = open_data_in_group(
+                self.cfg, progress and self.world.main, rank=self.world.rank,
+                local_rank=self.world.local_rank, size=self.world.size)
+        except BaseException as e:
+            failed = collective_failure(e, self.world, tc.dist_timeout)
+            if failed is not None:
+                raise failed from None
+            raise
         self.out, self.step = self.members[0].out, 0
         # steps between two reads of the losses back from the device: every step on the CPU
         # (nothing runs ahead there), a window on an accelerator so the host queues work
@@ -271,15 +283,28 @@ class Trainer:
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
+        # SIGUSR1/SIGUSR2/SIGTERM (SLURM, submitit, torchrun): save the step and stop
+        signals = contextlib.ExitStack()
+        signals.enter_context(stop_on_signals())
         try:
             self.step = start = self._start()
-        except BaseException:
+        except BaseException as e:
+            signals.close()
             self.world.end()
+            failed = self._group_error(e)
+            if failed is not None:
+                raise failed from None
             raise
+        if not self.world.main:  # only rank 0 reads whole batches and writes the hash
+            for m in self.members:
+                m.prog.batches_sha256 = None
         bar = TrainProgress(tc.steps, start, self._label(),
                             enabled=self.progress and self.world.main)
+        w, r = self.world.size, self.world.rank
+        rows = tc.batch_size // w
         batches = Prefetcher(self.data, range(start, tc.steps), tc.batch_size,
-                             self.cfg.data.data_seed, pin=self.device.type == "cuda")
+                             self.cfg.data.data_seed, pin=self.device.type == "cuda",
+                             rows=None if self.world.main else (r * rows, (r + 1) * rows))
         try:
             self._emit(self.members, "on_train_start")
             for m in self.members:
@@ -322,6 +347,9 @@ class Trainer:
                         m.prog.diverge(done)
                     if m.prog.live and _every(tc.checkpoint_every, done):
                         self._checkpoint(m, done)
+                signum = self._stop_signal()
+                if signum is not None:
+                    self._save_and_stop([m for m in live if m.prog.live], done, signum)
                 t_window = time.perf_counter()
             for m in (m for m in self.members if m.prog.live and not m.prog.final):
                 if math.isfinite(self._validate(m, tc.steps)):  # a last validation, checkpoint
@@ -329,7 +357,13 @@ class Trainer:
                 else:
                     m.prog.diverge(tc.steps)
             summaries = [self._finish(m) for m in self.members]
+        except BaseException as e:
+            failed = self._group_error(e)
+            if failed is not None:
+                raise failed from None
+            raise
         finally:
+            signals.close()
             batches.close()
             bar.close()
             for m in self.members:
@@ -413,6 +447,36 @@ class Trainer:
         m.prog.last_val = v
         m.prog.vals.append((step, finite_or_none(v)))
         return v
+
+    def _group_error(self, error: BaseException) -> ModbenchError | None:
+        """A collective of the group that timed out or lost a process, as one line."""
+        return collective_failure(error, self.world, self.cfg.train.dist_timeout)
+
+    def _stop_signal(self) -> int | None:
+        """The signal that asked the run to stop (0: its group's stop file), agreed by every
+        process of a group (the same step for all: one all-reduce); None: go on."""
+        got = stop_requested()
+        if self.world.size < 2:
+            return got
+        flag = torch.tensor([-1 if got is None else got], dtype=torch.int64,
+                            device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        agreed = int(flag.item())
+        return None if agreed < 0 else agreed
+
+    def _save_and_stop(self, members: Sequence[Member], done: int, signum: int) -> None:
+        """Save each live member at step ``done`` (unless its periodic checkpoint just did)
+        and raise :class:`Preempted`; every process gathers, and waits for rank 0's write."""
+        for m in members:
+            if not _every(self.cfg.train.checkpoint_every, done):
+                self._checkpoint(m, done)
+        self.world.barrier()  # the checkpoint is on disk before any process exits
+        where = ", ".join(str(m.out) for m in members) or str(self.out)
+        message = (f"stopped by {signal_name(signum)} after step {done}: checkpoint saved in "
+                   f"{where}; continue with --resume")
+        if self.world.main:
+            print(message, file=sys.stderr, flush=True)
+        raise Preempted(message, signum)
 
     def _checkpoint(self, m: Member, step: int) -> None:
         """Save a member's state. Stacked members keep their previous checkpoint too: a kill
