@@ -37,11 +37,19 @@ from modbench.study.cluster import (
 )
 from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
 
+#: the thread-count variables a Ray task sets (not defaults: Ray sets OMP_NUM_THREADS itself)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def run_job(job: Job, cwd: str | None = None) -> list[JobResult]:
-    """The Ray task: train and evaluate one job's runs in this worker process."""
+    """The Ray task: train and evaluate one job's runs in this worker process, its thread
+    counts set to the task's CPUs (Ray's worker may have left other values; a torchrun group
+    started from here divides them among its processes)."""
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
+    if job.threads:
+        for name in THREAD_VARIABLES:
+            os.environ[name] = str(job.threads)
     return execute_job(job)
 
 

@@ -5,12 +5,21 @@ Every wave of a study (its runs, then each ``--until-decided`` round) is one job
 ``--cpus-per-run`` CPUs on one node, the partition, time limit, account and the rest of the
 ``--slurm-*`` options. Logs and submitit's pickles go to ``<study>/slurm`` (``--slurm-folder``).
 
-Each task runs :class:`StudyTask`, a submitit ``Checkpointable``: when SLURM preempts a task
-or its time limit comes (submitit asks for a signal before it), submitit calls
-:meth:`StudyTask.checkpoint` and requeues the same task. The requeued attempt claims its runs
-under the job's lease, taking over what its predecessor held, and resumes every run from its
-last checkpoint (:func:`modbench.study.runner.execute_job` resumes a run folder that has one),
-so a run longer than the time limit trains across several allocations. Results are collected
+Each task runs :class:`StudyTask`, a submitit ``Checkpointable``. Before SLURM preempts a
+task or its time limit comes, it sends the task submitit's signal (SIGUSR2,
+:data:`SIGNAL_DELAY_S` seconds ahead: ``--signal=USR2@120``). The run training then finishes
+its step, saves a checkpoint of it (every process of a torchrun group gathering its part) and
+stops (:class:`modbench.runtime.checkpoint.Preempted`); only then does the task hand the
+signal to submitit, which calls :meth:`StudyTask.checkpoint` and requeues the same task, so no
+step is lost. (Outside a run's training loop the signal goes to submitit at once.) The
+requeued attempt claims its runs under the job's lease, taking over what its predecessor
+held, and resumes every run from that checkpoint (:func:`modbench.study.runner.execute_job`
+resumes a run folder that has one), so a run longer than the time limit trains across several
+allocations.
+
+Each task asks for the host memory its runs need (``--mem``, :func:`host_memory_gb`: the full
+fp32 state a checkpoint gathers on rank 0 plus an allowance per process), unless
+``--slurm-mem-gb`` says otherwise. Results are collected
 as array tasks finish (``submitit.helpers.as_completed``); a task that fails (a crash, out of
 memory, cancelled, too many time-outs) has its unfinished runs recorded as failed with a
 one-line reason, and the next ``modbench study run`` retries them.
@@ -32,7 +41,9 @@ from typing import Any
 
 import submitit
 
+from modbench.config import from_dict
 from modbench.errors import ModbenchError
+from modbench.runtime.checkpoint import Preempted
 from modbench.study.cluster import (
     SLURM_MAX_TIMEOUTS,
     SLURM_TIME_MIN,
@@ -44,12 +55,45 @@ from modbench.study.cluster import (
 )
 from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
 
+#: seconds before the end of an allocation at which SLURM signals a task: time to finish a
+#: step and write a checkpoint (a 3B run's ~36 GB of fp32 state at a few hundred MB/s)
+SIGNAL_DELAY_S = 300
+#: host memory (bytes) per process besides the gathered state: CUDA context, torch and its
+#: libraries, prefetched batches; and per task (the submitting process, evaluation)
+HOST_BYTES_PER_PROCESS = 6 * 2**30
+HOST_BYTES_PER_TASK = 4 * 2**30
+#: bytes per parameter of the state rank 0 gathers for a checkpoint: fp32 weights and two
+#: fp32 optimizer moments (AdamW, Adam; Muon keeps fewer)
+STATE_BYTES_PER_PARAM = 4 + 8
+
+
+def host_memory_gb(jobs: list[Job]) -> int:
+    """Host memory (GB, rounded up) a task of these jobs needs, the largest of them: each
+    member's full fp32 weights and optimizer state (a checkpoint gathers them on rank 0;
+    every process maps the checkpoint it resumes from, sharing the node's page cache) plus
+    :data:`HOST_BYTES_PER_PROCESS` per process and :data:`HOST_BYTES_PER_TASK`."""
+    # TODO: use modbench.analysis.plan.host_memory_bytes(cfg, nproc) once it exists there
+    from modbench.methods.build import plan
+
+    need = 0
+    for job in jobs:
+        state = sum(plan(from_dict(c).model).count_params() for c in job.configs)
+        need = max(need, state * STATE_BYTES_PER_PARAM + job.nproc * HOST_BYTES_PER_PROCESS
+                   + HOST_BYTES_PER_TASK)
+    return -(-need // 10**9)
+
 
 class StudyTask(submitit.helpers.Checkpointable):
-    """What each array task runs: :func:`execute_job` on its :class:`Job`."""
+    """What each array task runs: :func:`execute_job` on its :class:`Job`. A run stopped by
+    the scheduler's signal (it saved its step) hands that signal to submitit's handler, which
+    requeues the task."""
 
     def __call__(self, job: Job) -> list[JobResult]:
-        return execute_job(job)
+        try:
+            return execute_job(job)
+        except Preempted as stopped:
+            _requeue(stopped)
+            raise
 
     def checkpoint(self, job: Job) -> submitit.helpers.DelayedSubmission:
         """On preemption or time-out: requeue the same job. The runs' own checkpoints hold
@@ -83,7 +127,7 @@ class SlurmExecutor:
     def folder(self, root: Path) -> Path:
         return Path(self.options.slurm_folder) if self.options.slurm_folder else root / "slurm"
 
-    def _executor(self, root: Path) -> submitit.AutoExecutor:
+    def _executor(self, root: Path, jobs: list[Job]) -> submitit.AutoExecutor:
         o = self.options
         timeouts = SLURM_MAX_TIMEOUTS if o.slurm_max_timeouts is None else o.slurm_max_timeouts
         ex = submitit.AutoExecutor(folder=self.folder(root), cluster=self.cluster,
@@ -91,12 +135,13 @@ class SlurmExecutor:
                                    local_max_num_timeout=timeouts)
         params: dict[str, Any] = {
             "name": f"modbench-{root.name}",
+            "slurm_signal_delay_s": SIGNAL_DELAY_S,
             "timeout_min": o.slurm_time or SLURM_TIME_MIN,
             "nodes": 1,
             "tasks_per_node": 1,  # one process per job; a multi-GPU run starts torchrun itself
             "gpus_per_node": self.gpus_per_job,
             "cpus_per_task": self.cpus,
-            "mem_gb": o.slurm_mem_gb,
+            "mem_gb": o.slurm_mem_gb if o.slurm_mem_gb is not None else host_memory_gb(jobs),
             "slurm_partition": o.slurm_partition,
             "slurm_account": o.slurm_account,
             "slurm_qos": o.slurm_qos,
@@ -114,7 +159,7 @@ class SlurmExecutor:
         root = Path(jobs[0].root).resolve()
         jobs = [dataclasses.replace(j, root=str(root), threads=self.cpus,
                                     lease=f"slurm:{uuid.uuid4().hex}") for j in jobs]
-        ex = self._executor(root)
+        ex = self._executor(root, jobs)
         try:
             submitted = ex.map_array(self.task, jobs)
         except Exception as e:  # sbatch refused: a bad partition, account, time limit ...
@@ -144,6 +189,23 @@ class SlurmExecutor:
 
     def close(self) -> None:
         pass
+
+
+def _requeue(stopped: Preempted) -> None:
+    """Give submitit the signal a run stopped on (after it saved): its handler calls
+    :meth:`StudyTask.checkpoint`, requeues the task and exits. SIGTERM (``scancel``, or
+    SLURM ending the job) is not passed on: the task ends, and the next ``modbench study
+    run`` resumes the run from the checkpoint. Outside a submitit job (no handler of its
+    own) nothing happens."""
+    import signal
+
+    try:
+        sig = submitit.JobEnvironment._usr_sig()
+    except (AttributeError, RuntimeError):
+        return
+    handler = signal.getsignal(sig)
+    if stopped.signum != signal.SIGTERM and callable(handler):
+        handler(sig, None)  # submitit's SignalHandler.checkpoint_and_try_requeue
 
 
 def _reason(sjob: Any, error: Exception) -> str:
