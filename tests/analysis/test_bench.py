@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from modbench.analysis import bench
 from modbench.cli import run_cli
 from modbench.config import resolve
+from modbench.errors import ModbenchError
 from modbench.methods.build import build_model
 
 pytest.importorskip("transformers")
@@ -66,8 +68,11 @@ def test_run_bench_tables_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert base["ratio"] == 1.0 and base["path"] == "fast"
     assert report.methods[2]["path"] == "explicit" and report.methods[2]["aim"] == 2.0
     assert all(m["activation_mib"] > 0 for m in report.methods)
+    assert (report.dtype, report.compiled, report.batch_source) == ("fp32", False, "preset")
+    assert report.trainer is None  # the trainer's step is timed on CUDA, or when asked
     md = bench.markdown(report)
     assert "| tiny | 8 x 64 |" in md and "| `softpick` | explicit |" in md
+    assert "fp32, eager" in md.splitlines()[0]
     json.dumps(report.to_dict())  # plain data
     assert run_cli(["bench", "--json", "--hf-presets", "tiny", "--preset", "tiny",
                     "--methods", "baseline,layerscale(init=1e-4)", "--rounds", "1",
@@ -81,5 +86,70 @@ def test_bad_bench_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None
     assert run_cli(["bench", "--dtype", "fp8", "--no-hf", "--methods", "baseline"]) == 2
     assert run_cli(["bench", "--rounds", "0", "--no-hf", "--methods", "baseline"]) == 2
     assert run_cli(["bench", "--no-hf", "--methods", "nosuch", "--rounds", "1"]) == 2
+    assert run_cli(["bench", "--no-hf", "--methods", "baseline", "--micro-batch", "-1"]) == 2
+    assert run_cli(["bench", "--no-hf", "--methods", "baseline", "--device", "tpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 5 and all(line.startswith("error: ") for line in err)
+
+
+def test_precision_and_compilation_default_by_device() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert bench.resolve_precision(cpu) == ("fp32", False)  # the CPU tables' settings
+    assert bench.resolve_precision(gpu) == ("bf16", True)  # how the trainer runs on CUDA
+    assert bench.resolve_precision(gpu, "fp32", False) == ("fp32", False)
+    assert bench.resolve_precision(cpu, "bf16", True) == ("bf16", True)
+    with pytest.raises(ModbenchError, match="--dtype"):
+        bench.resolve_precision(cpu, "fp16")
+
+
+@pytest.mark.parametrize(("name", "peak"), [("NVIDIA H100 PCIe", 756.0),
+                                            ("NVIDIA H100 80GB HBM3", 989.4),
+                                            ("NVIDIA H100 NVL", 835.0),
+                                            ("NVIDIA A100-SXM4-40GB", 312.0),
+                                            ("NVIDIA GeForce RTX 4090", None)])
+def test_mfu_divides_by_the_exact_gpu_models_peak(name: str, peak: float | None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every H100 got the SXM peak before; a PCIe part's MFU was understated by 24 %."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    assert bench.peak_tflops(torch.device("cuda")) == peak
+    assert bench.peak_tflops(torch.device("cpu")) is None
+
+
+def test_the_table_runs_one_micro_batch_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert bench.table_batch("llama-60m", cpu) == (512, 256, "preset")  # the CPU: as before
+    assert bench.table_batch("llama-60m", gpu, micro_batch=24) == (24, 256, "given")
+    monkeypatch.setitem(sys.modules, "modbench.analysis.plan", None)  # no memory plan
+    assert bench.table_batch("llama-60m", gpu) == (bench.GPU_TOKENS // 256, 256, "fixed")
+    assert bench.table_batch("climb-1.2b", gpu) == (bench.GPU_TOKENS // 1024, 1024, "fixed")
+
+
+def test_log_lines_are_timed_by_when_they_were_whole_on_disk() -> None:
+    a, b = json.dumps({"kind": "train", "step": 1}) + "\n", json.dumps({"kind": "val"}) + "\n"
+    half = len(a) + 3  # the second line half written at t=2
+    samples = [(1.0, 0), (1.5, len(a)), (2.0, half), (3.0, len(a) + len(b))]
+    got = bench._appearances(samples, a + b)
+    assert [(t, r["kind"]) for t, r in got] == [(1.5, "train"), (3.0, "val")]
+
+
+def test_the_trainers_step_beside_the_bare_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--trainer`` on the CPU: modbench train at the table's shape, in its own process."""
+    assert run_cli(["bench", "--json", "--no-hf", "--preset", "tiny", "--methods", "baseline",
+                    "--trainer", "--trainer-steps", "2", "--micro-batch", "4", "--rounds", "1",
+                    "--steps", "1", "--no-progress"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    t, base = data["trainer"], data["methods"][0]
+    assert data["batch"] == t["batch"] == [4, 64] and data["batch_source"] == "given"
+    assert t["steps_timed"] == 2 and t["eval_every"] == 10 and t["eval_sequences"] == 16
+    assert 0 < t["validation_sequences"] <= 16 and t["validation_s"] > 0
+    # validation charged at the preset's schedule: a pass of fewer rows scaled up
+    charged = t["validation_s"] * 16 / t["validation_sequences"] / 10
+    assert t["step_with_validation_ms"] == pytest.approx(t["step_ms"] + 1e3 * charged)
+    assert t["tokens_per_s"] == pytest.approx(4 * 64 / (t["step_with_validation_ms"] / 1e3))
+    assert t["bare_step_ms"] == base["median_ms"]
+    assert t["trainer_over_bare"] == pytest.approx(t["step_with_validation_ms"]
+                                                   / base["median_ms"])
+    assert "mfu" not in t  # no peak on the CPU
+    report = bench.BenchReport(**data)
+    md = bench.markdown(report)
+    assert "| trainer, validation charged |" in md and "Trainer step / bare step" in md
