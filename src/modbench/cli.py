@@ -229,8 +229,21 @@ def bench(
     hf_presets: Annotated[str, typer.Option(
         help="Comma-separated presets of the Hugging Face comparison.")] = "cpu-small,llama-60m",
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="fp32 | bf16 (bf16 autocast)")] = "fp32",
-    compile: Annotated[bool, typer.Option(help="torch.compile every model.")] = False,
+    dtype: Annotated[str, typer.Option(
+        help="auto | fp32 | bf16 (bf16 autocast); auto: bf16 on CUDA, fp32 on the CPU.")
+    ] = "auto",
+    compile: Annotated[bool | None, typer.Option(
+        help="torch.compile every model [default: on CUDA, not on the CPU].",
+        show_default=False)] = None,
+    micro_batch: Annotated[int, typer.Option(
+        help="Rows a step of the method table and the trainer (0: the preset's batch on the "
+             "CPU, the memory plan's micro-batch on CUDA).")] = 0,
+    trainer: Annotated[bool | None, typer.Option(
+        help="Also time the trainer's own step (modbench train at the table's shape, with its "
+             "copies, read-backs and validation) [default: on CUDA, not on the CPU].",
+        show_default=False)] = None,
+    trainer_steps: Annotated[int, typer.Option(
+        help="Timed trainer steps (0: 32 on CUDA, 4 on the CPU).")] = 0,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 5,
     steps: Annotated[int, typer.Option(help="Timed steps per case per round.")] = 2,
     threads: Annotated[int, typer.Option(help="torch threads (0: torch's default).")] = 0,
@@ -238,8 +251,9 @@ def bench(
 ) -> None:
     """Train-step speed, measured side by side in one process: the modbench baseline against
     Hugging Face's LlamaForCausalLM of the same shape (tokens/s and their ratio), and each
-    method's step time over the baseline's. Medians of interleaved rounds; on CUDA also MFU
-    and step memory.
+    method's step time over the baseline's. Medians of interleaved rounds. On CUDA: bf16
+    autocast and torch.compile by default, one micro-batch of the memory plan, MFU against the
+    exact GPU model's peak, step memory, and the trainer's own step beside the bare one.
 
     Example: modbench bench --json --methods baseline,qknorm,softpick --rounds 3
     """
@@ -256,7 +270,8 @@ def bench(
     presets = [p.strip() for p in hf_presets.split(",") if p.strip()] if hf else None
     report = run_bench(device=device, hf_presets=presets, methods=names, preset=preset,
                        rounds=rounds, steps=steps, dtype=dtype, compile=compile,
-                       threads=threads, progress=progress)
+                       threads=threads, progress=progress, micro_batch=micro_batch,
+                       trainer=trainer, trainer_steps=trainer_steps)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
 
 
