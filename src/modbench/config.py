@@ -222,7 +222,16 @@ class TrainConfig:
 
     steps: int = 300
     batch_size: int = 16  # sequences per optimizer step
-    micro_batch_size: int | None = None  # None: no gradient accumulation
+    # Sequences a forward takes (gradient accumulation when fewer than a process's batch;
+    # validation and probe scoring too): a number dividing batch_size, None (the whole
+    # batch), or auto: the largest that fits the device by the memory plan
+    # (modbench.analysis.plan; `modbench plan`), chosen when the run starts and recorded in
+    # config.yaml's meta and summary.json. Only rounding changes, except for methods whose
+    # forward uses batch statistics (powernorm, prepbn).
+    micro_batch_size: int | str | None = None
+    # The device memory (GB, 10^9 bytes) train.micro_batch_size=auto plans against; None: the
+    # device's own (a GPU's total memory, the CPU's RAM)
+    device_memory_gb: float | None = None
     seq_len: int = 128
     eval_every: int = 100  # validation every K steps (and always at the end); 0: only at end
     eval_sequences: int = 64  # size of the fixed validation set, in sequences
@@ -320,10 +329,26 @@ class TrainConfig:
                 raise ModbenchError(f"train.trackers lists {name!r} twice; name each tracker "
                                     "once")
         mb = self.micro_batch_size
-        if mb is not None and (mb <= 0 or self.batch_size % mb):
+        if isinstance(mb, str) and mb != "auto":
+            raise ModbenchError(f"train.micro_batch_size must be a number of sequences, auto "
+                                f"or null, got {mb!r}")
+        if isinstance(mb, int) and (mb <= 0 or self.batch_size % mb):
             raise ModbenchError(
                 f"train.micro_batch_size={mb} must divide train.batch_size={self.batch_size}"
             )
+        gb = self.device_memory_gb
+        if gb is not None and not (isinstance(gb, int | float) and math.isfinite(gb)
+                                   and gb > 0):
+            raise ModbenchError(f"train.device_memory_gb must be a positive number of GB (or "
+                                f"null: the device's own), got {gb!r}")
+
+    def forward_rows(self) -> int:
+        """Sequences a forward outside a step takes (validation, probes, diagnostics): the
+        micro-batch where it is a number (the trainer writes the one ``auto`` chose into its
+        in-memory config; ``eval.run.load_run`` reads it back from config.yaml's meta), else
+        the batch."""
+        mb = self.micro_batch_size
+        return mb if isinstance(mb, int) and not isinstance(mb, bool) else self.batch_size
 
 
 PROBE_LOSSES = ("all", "answers")  # data.probe_loss (modbench.data.mix)
@@ -419,12 +444,12 @@ def _climb(name: str, d: int, layers: int, ff: int, note: str) -> Preset:
     model = ModelConfig(vocab_size=65664, d_model=d, n_layers=layers, n_heads=32, n_kv_heads=8,
                         d_ff=ff, max_seq_len=1024, tie_embeddings=True)
     train = {"steps": 44000, "batch_size": 512, "seq_len": 1024, "eval_every": 100,
-             "eval_sequences": 1024, "checkpoint_every": 1000}
+             "eval_sequences": 1024, "checkpoint_every": 1000, "micro_batch_size": "auto"}
     return Preset(name, model, "seed002", train, note)
 
 
 _LLAMA_TRAIN = {"batch_size": 512, "seq_len": 256, "eval_every": 1000, "eval_sequences": 2048,
-                "checkpoint_every": 1000}
+                "checkpoint_every": 1000, "micro_batch_size": "auto"}
 _MIXLN_NOTE = ("LLaMA shape of the Mix-LN / LayerNorm-Scaling scripts (seeds/000_*); batch 512 x "
                "256 tokens as in their C4 scripts; train on C4 prepared with a 32000-token "
                "tokenizer (`modbench data prepare`).")
@@ -677,13 +702,15 @@ def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ModbenchError(f"config key '{key}' takes true or false, got {value!r}")
+    if text.startswith("int | str") and isinstance(value, str):
+        return value.strip()  # a word the key also takes (train.micro_batch_size: auto)
     if hint is int or text.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int | float) or (
             isinstance(value, float) and not value.is_integer()
         ):
             raise ModbenchError(f"config key '{key}' takes an integer, got {value!r}")
         return int(value)
-    if hint is float:
+    if hint is float or text.startswith("float"):
         try:
             if isinstance(value, bool):
                 raise TypeError

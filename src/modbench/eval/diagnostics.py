@@ -809,7 +809,7 @@ def diagnose_run(run_dir: str | Path, *, batches: int = DEFAULT_BATCHES, threads
     device = resolve_device(cfg.train.device)
     model.to(device).eval()
     data = open_data(cfg, progress=progress)
-    bs = cfg.train.micro_batch_size or cfg.train.batch_size
+    bs = cfg.train.forward_rows()
     val = [b.to(device) for b in data.val_batches(batches * bs, bs)]
     before = torch.get_num_threads()
     n_threads = threads or cfg.train.threads

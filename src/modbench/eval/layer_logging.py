@@ -214,7 +214,8 @@ class LayerLogging(Callback):
         rows = batch.shape[0] // size
         local = batch[rank * rows:(rank + 1) * rows].to(run.device,
                                                         non_blocking=batch.is_pinned())
-        micro = run.cfg.train.micro_batch_size or local.shape[0]
+        mb = run.cfg.train.micro_batch_size
+        micro = mb if isinstance(mb, int) else local.shape[0]
         buffers = [(b, b.detach().clone()) for b in model.buffers()]
         handles = acts.arm()
         try:

@@ -196,7 +196,7 @@ class ProbeScoring(Callback):
     def on_eval(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
         if record.get("val_loss") is None:
             return
-        bs = run.cfg.train.micro_batch_size or run.cfg.train.batch_size
+        bs = run.cfg.train.forward_rows()
         self.last.update({ps.name: score(run.model, ps, bs, run.device)["accuracy"]
                           for ps in self.sets})  # type: ignore[misc]
         record["probes"] = dict(self.last)

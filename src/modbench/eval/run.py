@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from modbench.config import resolve
@@ -56,6 +57,10 @@ def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, to
     model computes the function the run was validated with."""
     check_run_folder(run_dir)
     cfg = resolve(yaml_file=run_dir / CONFIG)
+    if cfg.train.micro_batch_size == "auto":  # the micro-batch the run chose (its meta)
+        chosen = (yaml.safe_load((run_dir / CONFIG).read_text()) or {}).get(
+            "meta", {}).get("micro_batch_size")
+        cfg.train.micro_batch_size = chosen if isinstance(chosen, int) else None
     state = load_checkpoint(run_dir / CHECKPOINT)
     model = build_model(cfg.model, seed=cfg.seed)
     model.load_state_dict(state["model"])
@@ -78,7 +83,7 @@ def evaluate_run(run_dir: str | Path, *, probes: bool = True, tasks: list[str] |
     device = resolve_device(cfg.train.device)
     model.to(device)
     data = open_data(cfg, progress=progress)
-    bs = batch_size or cfg.train.micro_batch_size or cfg.train.batch_size
+    bs = batch_size or cfg.train.forward_rows()
     n_val = cfg.train.eval_sequences if limit is None else min(limit, cfg.train.eval_sequences)
     val = validation_loss(model, data, n_val, bs, device)
     result: dict[str, Any] = {

@@ -198,9 +198,12 @@ def rank_device(device: torch.device, world: World) -> torch.device:
     return torch.device("cuda", world.local_rank)
 
 
-def local_batch(tc: TrainConfig, world: int) -> tuple[int, int]:
+def local_batch(tc: TrainConfig, world: int,
+                micro_batch: int | None = None) -> tuple[int, int]:
     """Sequences each of ``world`` processes trains on per step, and in how many
-    micro-batches (``train.micro_batch_size`` bounds a process's micro-batch)."""
+    micro-batches (``train.micro_batch_size`` bounds a process's micro-batch; ``micro_batch``,
+    what the trainer resolved ``auto`` to, in its place; ``auto`` unresolved bounds nothing
+    yet)."""
     if world < 1:
         raise ModbenchError(f"the number of processes must be at least 1, got {world}")
     if tc.batch_size % world:
@@ -208,8 +211,9 @@ def local_batch(tc: TrainConfig, world: int) -> tuple[int, int]:
             f"train.batch_size={tc.batch_size} does not split evenly over {world} processes; "
             f"use a batch size divisible by {world} or another number of processes"
         )
-    local, mb = tc.batch_size // world, tc.micro_batch_size
-    if mb is None or mb >= local:
+    local = tc.batch_size // world
+    mb = tc.micro_batch_size if micro_batch is None else micro_batch
+    if not isinstance(mb, int) or mb >= local:
         return local, 1
     if local % mb:
         raise ModbenchError(

@@ -869,7 +869,7 @@ def remove_norm_modbench(run_dir: Path, out: Path, ft: FineTuneSettings, *,
     device = resolve_device(cfg.train.device)
     model.to(device)
     data = open_data(cfg, progress=progress)
-    bs = cfg.train.micro_batch_size or cfg.train.batch_size
+    bs = cfg.train.forward_rows()
     n_val = cfg.train.eval_sequences
     val = _modbench_val(data, n_val, bs, device)
     diag_batches = ([b.to(device) for b in data.val_batches(diagnostics_batches * bs, bs)]

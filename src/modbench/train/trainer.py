@@ -439,7 +439,7 @@ class Trainer:
         remembered."""
         tc = self.cfg.train
         v = self.engine.validation_loss(m.index, self.data, tc.eval_sequences,
-                                        tc.micro_batch_size or tc.batch_size)
+                                        self.micro_batch or tc.batch_size)
         record = {"kind": "val", "step": step, "val_loss": finite_or_none(v),
                   "val_ppl": perplexity(v)}
         self._emit([m], "on_eval", step, record)
@@ -500,6 +500,8 @@ class Trainer:
         ``config.yaml``. Returns the step the loop starts at. Fresh run folders whose set-up
         fails are removed."""
         tc = self.cfg.train
+        # train.micro_batch_size=auto: the memory plan's, refused before a file is written
+        self.micro_batch = self._micro_batch()
         ckpts = _resume_points(self.members) if self.resume else {}
         self.world.barrier()  # every process has read the folders before rank 0 writes
         created = [m.out for m in self.members if not m.out.exists()] if self.world.main else []
@@ -526,7 +528,34 @@ class Trainer:
         for m, offset in zip(self.members, offsets, strict=True):
             m.log = (MetricsLog(m.out / METRICS, truncate_at=offset) if self.world.main
                      else _NoLog())
+            if m.cfg.train.micro_batch_size == "auto":  # config.yaml keeps auto; the
+                m.cfg.train.micro_batch_size = self.micro_batch  # callbacks read the choice
         return starts.pop()
+
+    def _micro_batch(self) -> int | None:
+        """Sequences a forward of this process takes: ``train.micro_batch_size``, or for
+        ``auto`` the largest that divides the process's batch and fits the device by the
+        memory plan (:func:`modbench.analysis.plan.choose_micro_batch`; the device's memory,
+        or ``train.device_memory_gb``), printed once. A run that does not fit at micro-batch 1
+        is refused in one line."""
+        tc = self.cfg.train
+        if tc.micro_batch_size != "auto":
+            return tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else None
+        from modbench.analysis.plan import choose_micro_batch, gb
+        from modbench.runtime.gpus import device_memory_bytes
+
+        nbytes = (int(tc.device_memory_gb * 1e9) if tc.device_memory_gb is not None
+                  else device_memory_bytes(self.device))
+        mp = choose_micro_batch(self.cfg, nbytes, nproc=self.world.size,
+                                parallel=tc.parallel, ensembles=len(self.members),
+                                device_type=self.device.type,
+                                checkpointing=apply_activation_checkpointing)
+        if self.world.main and self.progress:
+            print(f"train.micro_batch_size=auto: {mp.micro_batch} of the "
+                  f"{tc.batch_size // self.world.size} sequences a process trains on a step "
+                  f"(planned peak {gb(mp.peak_bytes)} of {gb(nbytes)}; modbench plan)",
+                  file=sys.stderr, flush=True)
+        return mp.micro_batch
 
     def _engine(self, models: list[nn.Module]) -> Engine:
         """The engine: the members on this device, or one member across the processes."""
@@ -536,10 +565,11 @@ class Trainer:
             return DistributedEngine(
                 models[0], lambda model: build_optimizer(model, cfg.recipe), self.device,
                 autocast, self.world, parallel=tc.parallel,
-                n_micro=local_batch(tc, self.world.size)[1], compile=tc.compile)
+                n_micro=local_batch(tc, self.world.size, self.micro_batch)[1],
+                compile=tc.compile)
         return LocalEngine(
             models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
-            autocast, n_micro=tc.batch_size // (tc.micro_batch_size or tc.batch_size),
+            autocast, n_micro=tc.batch_size // (self.micro_batch or tc.batch_size),
             compile=tc.compile)
 
     def _resume(self, m: Member, path: Path) -> int:
@@ -570,6 +600,8 @@ class Trainer:
                                 "data": {"fingerprint": self.data.fingerprint()}}
         if init_from is not None:
             meta["init_from"] = init_from
+        if m.cfg.train.micro_batch_size == "auto":
+            meta["micro_batch_size"] = self.micro_batch  # what auto chose on this device
         m.out.mkdir(parents=True, exist_ok=True)
         for stale in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
             stale.unlink(missing_ok=True)  # a stacked member restarted with the others
@@ -609,6 +641,7 @@ class Trainer:
             "device": str(self.device),
             "train_time_s": prog.train_time,
             "batches_sha256": prog.batches_sha256,
+            "micro_batch_size": self.micro_batch or tc.batch_size // self.world.size,
             **({"stacked_seeds": [x.cfg.seed for x in self.members]}
                if len(self.members) > 1 else {}),
             **({"processes": self.world.size, "parallel": tc.parallel}

@@ -1,0 +1,562 @@
+"""The GPU memory plan: what one training process of a run holds at its peak, term by term,
+and the largest micro-batch that fits a device (``modbench plan``; ``train.micro_batch_size
+=auto``).
+
+The resident state is counted from the parameters: fp32 master weights, fp32 gradients and
+the optimizer's state (AdamW/Adam: two fp32 moments per parameter; ``recipe.optimizer=muon``:
+one momentum buffer for the hidden matrices, :func:`modbench.train.optim.muon_split`'s rule,
+and AdamW's two moments for the rest). Across ``nproc`` processes DDP keeps a full replica
+and a copy of the gradients in its all-reduce buckets; FSDP2 shards weights, gradients and
+optimizer state by ``nproc`` and holds its largest units unsharded while they are gathered
+(the root: embedding, head and norms, kept through the forward; two core units, the one
+running and the one prefetched; and one unit's unsharded gradient before its reduce-scatter).
+
+Activations are *measured*, not modelled: the planner builds the real model (every method
+and its own activations included) under ``torch._subclasses.fake_tensor.FakeTensorMode``,
+which allocates no memory, and runs one training forward and backward through the function
+the engine trains with (:func:`modbench.runtime.loss.micro_loss`), under bf16 autocast where
+the run would use it (``recipe.precision=auto`` on a GPU; the CPU's autocast stands in for
+CUDA's, whose lists of bf16 and fp32 operators are nearly the same) and in fp32 on the CPU.
+A dispatch mode (:class:`LiveBytes`) counts the bytes of every storage the step creates
+while it is alive; the peak above the resident state is the step's transient memory. It is
+split at the final norm's output: what the body saves for the backward (``activations``) and
+what the loss head adds on top of it (``loss``: logits, chunked by the lead's
+``modbench.model.head`` where that exists). Validation and probe scoring (no gradients, at
+the same micro-batch) are traced the same way (``eval``, counted where it exceeds the
+training step's transient: the two never coincide).
+
+Activations are affine in the micro-batch ``B`` (every saved tensor has the batch as a
+dimension; the constant part is autocast's bf16 copies of the weights and the chunked loss's
+pieces), so each is traced at two small micro-batches and extrapolated; exactly, as
+``tests/analysis/test_plan.py`` checks against a direct trace. The chunked loss changes regime
+where one piece no longer holds a micro-batch's logits, so the two points are taken on the
+same side of that boundary as the micro-batch planned. Planning a climb-3b method thus costs
+a few traced steps of a fake model (seconds to a minute on two CPU cores), no real memory.
+
+What the plan leaves out, and the margin covers: the CUDA context and the caching
+allocator's fragmentation (:data:`FIXED_ALLOWANCE` plus :data:`MARGIN` of the device),
+``torch.compile``'s fusion (it only lowers the peak) and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib
+import json
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from modbench.config import RunConfig
+from modbench.errors import ModbenchError
+from modbench.methods.build import Plan, plan_run
+from modbench.model.transformer import Transformer
+from modbench.runtime import loss as loss_mod
+from modbench.runtime.gpus import Accelerator
+
+#: The safety margin :func:`choose_micro_batch` leaves free: this fraction of the device's
+#: memory (the caching allocator's fragmentation grows with the peak) ...
+MARGIN = 0.10
+#: ... plus this many bytes, by device type: on a GPU the CUDA context and the cuBLAS and
+#: NCCL workspaces (about 1 GB on an H100), on the CPU the Python interpreter and torch's
+#: libraries (about 0.4 GB of resident memory).
+FIXED_ALLOWANCE = {"cuda": 2 * 2**30, "cpu": 2**29}
+#: Host memory a training process needs besides the tensors it holds (interpreter, torch,
+#: CUDA libraries, the data loader's buffers): :func:`host_memory_bytes`.
+HOST_RUNTIME_BYTES = 4 * 2**30
+FP32 = 4
+
+#: A function that makes a model recompute its blocks' activations in the backward
+#: (``modbench.train.recompute.apply_activation_checkpointing``; the train layer passes it in,
+#: this layer cannot import it).
+Checkpointing = Callable[[nn.Module, str], None]
+
+
+@dataclass
+class MemoryPlan:
+    """One process's peak memory for a run on a device, by term (bytes)."""
+
+    preset: str
+    method: str
+    device: str  # the accelerator's key (runtime.gpus), or "<N>GB" for a given size
+    device_bytes: int
+    nproc: int
+    parallel: str
+    micro_batch: int
+    batch_size: int  # the global batch (sequences per optimizer step)
+    seq_len: int
+    ensembles: int
+    activation_checkpointing: bool
+    peak_bytes: int
+    fits: bool  # peak_bytes <= usable_bytes
+    terms: dict[str, int] = field(default_factory=dict)
+    usable_bytes: int = 0  # device_bytes less the margin (MARGIN, FIXED_ALLOWANCE)
+    device_type: str = "cuda"  # cuda | cpu: what the precision and the allowance assume
+    host_bytes: int = 0  # host memory of the run's processes on one node
+    params: int = 0
+    precision: str = "bf16"  # of the traced forward: bf16 (autocast) or fp32
+
+    def largest_term(self) -> str:
+        """The name of the biggest term."""
+        return max(self.terms, key=lambda k: self.terms[k])
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as a JSON-ready dictionary (``modbench plan --json``)."""
+        out = dataclasses.asdict(self)
+        out["largest_term"] = self.largest_term()
+        return out
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of the storages that operators create while they are alive (a weak
+    reference to each storage; its finaliser subtracts it), and the peak of that count.
+
+    Tensors that exist before the mode is entered are not counted unless :meth:`hold` is told
+    of them; a sub-peak (:meth:`mark`, :meth:`sub_peak`) measures one stretch of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._mark_peak = 0
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def hold(self, tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
+        """Count existing tensors (the resident state) as live; returns their bytes."""
+        before = self.live
+        for t in tensors:
+            self._count(t)
+        return self.live - before
+
+    def mark(self) -> int:
+        """Start a sub-peak here; returns the bytes live now."""
+        self._mark_peak = self.live
+        return self.live
+
+    def sub_peak(self) -> int:
+        return self._mark_peak
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def _count(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        if st in self._seen:
+            return
+        n = int(st.nbytes())
+        self._seen[st] = n
+        weakref.finalize(st, self._free, n)
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        self._mark_peak = max(self._mark_peak, self.live)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._count(t)
+        return out
+
+
+def _chunk_tokens(vocab: int) -> int | None:
+    """Tokens one piece of the chunked loss holds (``modbench.model.head``), or None where
+    the model computes the loss from full logits (linear in the micro-batch throughout)."""
+    try:
+        head = importlib.import_module("modbench.model.head")
+    except ImportError:
+        return None
+    chunk = getattr(head, "LOGITS_CHUNK_BYTES", None)
+    return None if chunk is None else max(1, int(chunk) // (FP32 * vocab))
+
+
+@dataclass
+class _Step:
+    """One traced step's transient bytes above the resident state."""
+
+    activations: int
+    loss: int
+    eval: int
+
+
+class _Tracer:
+    """Traces a run's model under FakeTensorMode at given micro-batches (memoised) and
+    extrapolates affinely in the micro-batch between two points of the same loss regime."""
+
+    def __init__(self, run: RunConfig, p: Plan, bf16: bool,
+                 checkpointing: Checkpointing | None) -> None:
+        self.run, self.p, self.bf16, self.checkpointing = run, p, bf16, checkpointing
+        self.seq_len = run.train.seq_len
+        self.chunk = _chunk_tokens(p.cfg.vocab_size)
+        self._cache: dict[int, _Step] = {}
+
+    def points(self, b: int) -> tuple[int, ...]:
+        """The micro-batches whose traces give micro-batch ``b``'s: two on its side of the
+        chunked loss's boundary (or ``b`` itself where it is one of them)."""
+        start = 1
+        if self.chunk is not None and b * self.seq_len > self.chunk:
+            start = self.chunk // self.seq_len + 1
+        return (b,) if b <= start + 1 else (start, start + 1)
+
+    def at(self, b: int) -> _Step:
+        pts = self.points(b)
+        if len(pts) == 1:
+            return self.trace(b)
+        s1, s2 = self.trace(pts[0]), self.trace(pts[1])
+        d = b - pts[0]
+
+        def ext(a: int, c: int) -> int:
+            return max(0, a + (c - a) * d)
+
+        return _Step(ext(s1.activations, s2.activations), ext(s1.loss, s2.loss),
+                     ext(s1.eval, s2.eval))
+
+    def trace(self, b: int) -> _Step:
+        if b not in self._cache:
+            self._cache[b] = self._trace(b)
+        return self._cache[b]
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def _model(self) -> Transformer:
+        model = Transformer(self.p.cfg, self.p.spec)
+        model.init_weights()
+        for m in self.p.methods:
+            m.post_init(model)
+        model.methods = self.p.methods  # type: ignore[assignment]
+        return model
+
+    def _trace(self, b: int) -> _Step:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        vocab, t = self.p.cfg.vocab_size, self.seq_len
+        try:
+            with FakeTensorMode(), torch.random.fork_rng(devices=[]):
+                model = self._model()
+                if self.checkpointing is not None:
+                    self.checkpointing(model, self.p.method)
+                model.train()
+                params = [q for q in model.parameters() if q.requires_grad]
+                for q in params:  # a later micro-batch's state: gradients exist already
+                    q.grad = torch.zeros_like(q)
+                idx = torch.randint(0, vocab, (b, t))
+                meter = LiveBytes()
+                base = meter.hold([*model.parameters(), *model.buffers(),
+                                   *(q.grad for q in params if q.grad is not None)])
+                at_head: list[int] = []
+                hook = model.final_norm.register_forward_hook(
+                    lambda *_: at_head.append(meter.mark()))
+                with meter:
+                    with self._autocast():
+                        lm, aux = _train_loss(model, idx)
+                    head_peak = meter.sub_peak()
+                    (lm + aux).backward()
+                    del lm, aux
+                hook.remove()
+                step_peak = meter.peak - base
+                loss = max(0, head_peak - at_head[-1]) if at_head else 0
+                # validation (the summed loss) and probe scoring (logits), no gradients
+                for q in params:
+                    q.grad = None
+                model.eval()
+                ev = LiveBytes()
+                ev_base = ev.hold([*model.parameters(), *model.buffers()])
+                with ev, torch.no_grad(), self._autocast():
+                    _eval_loss(model, idx)
+                    model(idx)
+                eval_peak = ev.peak - ev_base
+        except ModbenchError:
+            raise
+        except Exception as e:  # a forward that reads tensor values cannot run on fakes
+            raise ModbenchError(
+                f"cannot plan the memory of method '{self.p.method}': its forward could not be "
+                f"traced without memory ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                "give train.micro_batch_size as a number") from None
+        return _Step(step_peak - loss, loss, eval_peak)
+
+
+def _train_loss(model: Transformer, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the engine trains on (``LocalEngine.backward``): ``micro_loss`` where the model
+    sums its loss itself, else ``lm_loss`` of the full logits."""
+    micro_loss = getattr(loss_mod, "micro_loss", None)
+    if micro_loss is not None:
+        lm, aux = micro_loss(model, idx, None, 0, n_micro=1)
+        return lm, aux
+    logits, aux = model(idx, with_aux=True)
+    return loss_mod.lm_loss(logits, idx), aux
+
+
+def _eval_loss(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
+    """What validation computes (``runtime.loss.validation_loss``)."""
+    if getattr(loss_mod, "micro_loss", None) is not None:
+        out: torch.Tensor = model(idx, loss=True)
+        return out
+    return loss_mod.lm_loss(model(idx), idx)
+
+
+# ----------------------------------------------------------------- the resident state
+
+
+def _resident(p: Plan, optimizer: str) -> tuple[int, int, int, dict[str, int]]:
+    """(parameters, weight bytes, optimizer bytes, FSDP unit sizes in bytes) of a plan's
+    model, counted on the meta device."""
+    with torch.device("meta"):
+        model = Transformer(p.cfg, p.spec)
+    seen: set[int] = set()
+    params = []
+    for q in model.parameters():
+        if id(q) not in seen:
+            seen.add(id(q))
+            params.append(q)
+    n = sum(q.numel() for q in params if q.requires_grad)
+    weights = sum(q.numel() for q in params) * FP32
+    if optimizer == "muon":
+        outer: set[int] = set()
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Embedding) or name.split(".")[-1] == "head":
+                outer.update(id(q) for q in m.parameters())
+        muon = sum(q.numel() for q in params if q.requires_grad and q.ndim == 2
+                   and min(q.shape) > 1 and id(q) not in outer)
+        opt = (muon + 2 * (n - muon)) * FP32
+    else:
+        opt = 2 * n * FP32
+    # FSDP2 units (train.distributed._fully_shard): each attention and FFN core, the root
+    units: dict[str, int] = {}
+    in_cores = 0
+    for i, block in enumerate(getattr(model, "blocks", [])):
+        for sub in ("attn", "ffn"):
+            core = getattr(getattr(block, sub, None), "core", None)
+            if isinstance(core, nn.Module):
+                size = sum(q.numel() for q in core.parameters()) * FP32
+                units[f"blocks.{i}.{sub}"] = size
+                in_cores += size
+    units["root"] = weights - in_cores
+    return n, weights, opt, units
+
+
+# ----------------------------------------------------------------------- the planner
+
+
+def _device(device: Accelerator | int) -> tuple[str, int]:
+    if isinstance(device, Accelerator):
+        return device.key, device.memory_bytes
+    if isinstance(device, bool) or not isinstance(device, int) or device <= 0:
+        raise ModbenchError(f"device memory must be a positive number of bytes, got {device!r}")
+    return f"{device / 1e9:.0f}GB", int(device)
+
+
+def usable_bytes(device_bytes: int, margin: float = MARGIN, device_type: str = "cuda") -> int:
+    """What a plan may fill on a device of ``device_bytes``: less ``margin`` of it and
+    :data:`FIXED_ALLOWANCE` for ``device_type``."""
+    fixed = FIXED_ALLOWANCE.get(device_type, FIXED_ALLOWANCE["cuda"])
+    return max(0, int(device_bytes * (1.0 - margin)) - fixed)
+
+
+@dataclass
+class _Context:
+    """A run planned once (config, methods, resident state, traces) for many micro-batches."""
+
+    run: RunConfig
+    p: Plan
+    tracer: _Tracer
+    params: int
+    weights: int
+    optimizer: int
+    units: dict[str, int]
+    bf16: bool
+    device_type: str
+
+
+def _context(cfg: RunConfig, device_type: str,
+             checkpointing: Checkpointing | None) -> _Context:
+    run, p = plan_run(cfg)
+    prec = run.recipe.precision
+    bf16 = prec == "bf16" or (prec == "auto" and device_type == "cuda")
+    if run.train.activation_checkpointing and checkpointing is None:
+        raise ModbenchError("planning train.activation_checkpointing=true needs the "
+                            "trainer's checkpointing (modbench plan and the trainer pass it)")
+    ckpt = checkpointing if run.train.activation_checkpointing else None
+    n, weights, opt, units = _resident(p, run.recipe.optimizer)
+    return _Context(run, p, _Tracer(run, p, bf16, ckpt), n, weights, opt, units, bf16,
+                    device_type)
+
+
+def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: int,
+          parallel: str, ensembles: int, margin: float) -> MemoryPlan:
+    if micro_batch < 1:
+        raise ModbenchError(f"the micro-batch must be at least 1, got {micro_batch}")
+    if nproc < 1 or ensembles < 1:
+        raise ModbenchError(f"nproc and ensembles must be at least 1, got {nproc}, {ensembles}")
+    if parallel not in ("ddp", "fsdp"):
+        raise ModbenchError(f"parallel must be ddp or fsdp, got {parallel!r}")
+    run = ctx.run
+    step = ctx.tracer.at(micro_batch)
+    shard = nproc if parallel == "fsdp" and nproc > 1 else 1
+    weights = math.ceil(ctx.weights / shard)
+    grads = math.ceil(ctx.params * FP32 / shard)
+    opt = math.ceil(ctx.optimizer / shard)
+    gathered = 0
+    if nproc > 1 and parallel == "ddp":
+        gathered = ctx.params * FP32  # DDP's gradient buckets: a second copy of the grads
+    elif shard > 1:
+        cores = sorted((v for k, v in ctx.units.items() if k != "root"), reverse=True)
+        biggest = cores[0] if cores else 0
+        # unsharded: the root through the forward, two core units (running, prefetched),
+        # and one unit's full gradient before its reduce-scatter; less their own shards
+        full = ctx.units["root"] + 2 * biggest + max(biggest, ctx.units["root"])
+        gathered = full - math.ceil(full / shard)
+    transient = step.activations + step.loss
+    stacked = 0
+    if ensembles > 1:
+        k = ensembles
+        # K members' state, stack_module_state's stacked weights and their gradients each
+        # micro-batch, and the vmapped step's activations K times over
+        stacked = ((k - 1) * (weights + grads + opt) + 2 * k * weights
+                   + (k - 1) * transient)
+    # validation and probe scoring run between steps: gradients freed, no step transient
+    ev = max(0, step.eval * ensembles - (grads + transient * ensembles))
+    terms = {"weights": weights, "gradients": grads, "optimizer": opt,
+             "activations": step.activations, "loss": step.loss, "eval": ev,
+             "ensembles": stacked, "parallel": gathered}
+    peak = sum(terms.values())
+    usable = usable_bytes(device_bytes, margin, ctx.device_type)
+    return MemoryPlan(
+        preset=run.preset, method=ctx.p.method, device=key, device_bytes=device_bytes,
+        nproc=nproc, parallel=parallel, micro_batch=micro_batch,
+        batch_size=run.train.batch_size, seq_len=run.train.seq_len, ensembles=ensembles,
+        activation_checkpointing=run.train.activation_checkpointing, peak_bytes=peak,
+        fits=peak <= usable, terms=terms, usable_bytes=usable,
+        host_bytes=_host_bytes(ctx.weights, ctx.optimizer, nproc), params=ctx.params,
+        precision="bf16" if ctx.bf16 else "fp32", device_type=ctx.device_type)
+
+
+def _device_type(cfg: RunConfig, device: Accelerator | int, device_type: str | None) -> str:
+    if device_type is not None:
+        return device_type
+    if isinstance(device, Accelerator):
+        return "cpu" if device.key == "cpu" else "cuda"
+    return "cpu" if cfg.train.device == "cpu" else "cuda"
+
+
+def plan_memory(cfg: RunConfig, *, device: Accelerator | int, micro_batch: int,
+                nproc: int = 1, parallel: str = "ddp", ensembles: int = 1,
+                margin: float = MARGIN, device_type: str | None = None,
+                checkpointing: Checkpointing | None = None) -> MemoryPlan:
+    """The peak memory of one process of run ``cfg`` at ``micro_batch`` sequences a
+    forward, on ``device`` (an accelerator of :mod:`modbench.runtime.gpus`, or its memory in
+    bytes), with ``nproc`` processes (``parallel`` ddp or fsdp) and ``ensembles`` seeds
+    stacked. ``device_type`` (``cuda``/``cpu``: the precision ``recipe.precision=auto``
+    takes) defaults to what ``device`` is. ``checkpointing``: the trainer's
+    ``apply_activation_checkpointing``, needed where the run sets it."""
+    key, nbytes = _device(device)
+    ctx = _context(cfg, _device_type(cfg, device, device_type), checkpointing)
+    return _plan(ctx, key, nbytes, micro_batch, nproc, parallel, ensembles, margin)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, largest first."""
+    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+
+
+def choose_micro_batch(cfg: RunConfig, device_bytes: Accelerator | int, *, nproc: int = 1,
+                       parallel: str = "ddp", ensembles: int = 1, margin: float = MARGIN,
+                       device_type: str | None = None,
+                       checkpointing: Checkpointing | None = None) -> MemoryPlan:
+    """The plan at the largest micro-batch that divides a process's share of the batch
+    (``train.batch_size / nproc``) and fits ``device_bytes`` less the margin
+    (:func:`usable_bytes`: ``margin`` of the device and :data:`FIXED_ALLOWANCE`).
+
+    Raises :class:`ModbenchError` (one line: the biggest term and what to do) where even a
+    micro-batch of one sequence does not fit."""
+    key, nbytes = _device(device_bytes)
+    if nproc < 1 or cfg.train.batch_size % nproc:
+        raise ModbenchError(f"train.batch_size={cfg.train.batch_size} does not split evenly "
+                            f"over {nproc} processes; use a batch size divisible by {nproc}")
+    ctx = _context(cfg, _device_type(cfg, device_bytes, device_type), checkpointing)
+    local = cfg.train.batch_size // nproc
+    cands = divisors(local)
+    lo, hi = 0, len(cands) - 1  # the fitting ones are a suffix of cands (peak grows with B)
+    best: MemoryPlan | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        mp = _plan(ctx, key, nbytes, cands[mid], nproc, parallel, ensembles, margin)
+        if mp.fits:
+            best, hi = mp, mid - 1
+        else:
+            lo = mid + 1
+    if best is not None:
+        return best
+    one = _plan(ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
+    raise ModbenchError(refusal(one))
+
+
+def refusal(mp: MemoryPlan) -> str:
+    """The one line that says a plan does not fit at micro-batch 1, and what to do."""
+    big = mp.largest_term()
+    where = f"{mp.nproc} x {mp.device}" if mp.nproc > 1 else f"one {mp.device}"
+    todo = []
+    if mp.ensembles > 1:
+        todo.append("fewer stacked seeds")
+    if mp.parallel != "fsdp" or mp.nproc == 1:
+        todo.append("--nproc N with train.parallel=fsdp")
+    else:
+        todo.append("more processes (--nproc)")
+    if not mp.activation_checkpointing:
+        todo.append("train.activation_checkpointing=true")
+    todo.append("a smaller model")
+    return (f"{mp.preset} {mp.method} does not fit {where} even at micro-batch 1: peak "
+            f"{gb(mp.peak_bytes)} > {gb(mp.usable_bytes)} usable (largest term: {big} "
+            f"{gb(mp.terms[big])}); use {', '.join(todo[:-1])} or {todo[-1]}")
+
+
+def gb(n: int | float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+# ------------------------------------------------------------------------- host memory
+
+
+def _host_bytes(weights: int, optimizer: int, nproc: int) -> int:
+    # rank 0 gathers the full state dict (fp32 weights and optimizer state) on its CPU to
+    # write a checkpoint; every process builds the full model on the CPU before moving it
+    return (weights + optimizer) + nproc * (weights + HOST_RUNTIME_BYTES)
+
+
+def host_memory_bytes(cfg: RunConfig, nproc: int = 1) -> int:
+    """Host memory (bytes) the ``nproc`` processes of run ``cfg`` need on one node together:
+    rank 0's gathered checkpoint (fp32 weights and optimizer state) plus, per process, the
+    model as built on the CPU and :data:`HOST_RUNTIME_BYTES` (the SLURM executor's
+    ``mem_gb``). Counted without tracing."""
+    run, p = plan_run(cfg)
+    _, weights, opt, _ = _resident(p, run.recipe.optimizer)
+    return _host_bytes(weights, opt, max(1, nproc))
+
+
+def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
+    """A copy of ``cfg`` with ``train.micro_batch_size`` set."""
+    out = copy.deepcopy(cfg)
+    out.train.micro_batch_size = micro_batch
+    return out
+
+
+__all__ = ["FIXED_ALLOWANCE", "MARGIN", "LiveBytes", "MemoryPlan", "choose_micro_batch",
+           "divisors", "host_memory_bytes", "plan_memory", "refusal", "usable_bytes"]
