@@ -217,6 +217,93 @@ def flops(
                 right=(1, 2, 3, 4), wrap=(0,))
 
 
+@app.command(name="plan")
+def plan_command(
+    preset: Annotated[list[str] | None, typer.Option(
+        help="Preset (`modbench presets`), repeatable [default: cpu-small].")] = None,
+    method: Annotated[list[str] | None, typer.Option(
+        help="Method string, repeatable [default: baseline].")] = None,
+    spec: Annotated[str | None, typer.Option(
+        help="Plan every scale and method of a study spec (a built-in name or a YAML file) "
+             "instead.")] = None,
+    gpu: Annotated[str, typer.Option(
+        help="Device to plan for: h100-80gb, h100-pcie, h100-nvl, h200, a100-40gb, a100-80gb, "
+             "l40s, b200 or cpu.")] = "h100-80gb",
+    nproc: Annotated[int, typer.Option(help="Processes (GPUs) of the run.")] = 1,
+    parallel: Annotated[str | None, typer.Option(
+        help="ddp | fsdp across the processes [default: the config's train.parallel].",
+        show_default=False)] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        help="Plan at this micro-batch [default: the largest that fits].",
+        show_default=False)] = None,
+    ensembles: Annotated[int, typer.Option(help="Seeds stacked in one process.")] = 1,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a config key (key=value), repeatable.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON: one object per (preset, method), every plan field.")]
+    = False,
+) -> None:
+    """GPU memory of a training process, term by term (fp32 weights, gradients, optimizer
+    state; activations and loss traced from the real model without memory; validation), and
+    the largest micro-batch that fits the device with a 10 % + 2 GiB margin: what
+    train.micro_batch_size=auto chooses. Also the host memory the run's processes need on a
+    node (rank 0 gathers the fp32 state to save a checkpoint).
+
+    Example: modbench plan --preset climb-1.2b --method diff_attn --gpu h100-80gb
+
+    Example: modbench plan --spec seed002-3b --nproc 8 --parallel fsdp --json
+    """
+    from modbench.analysis.plan import gb, plan_or_needs
+    from modbench.config import apply_override, resolve
+    from modbench.runtime.gpus import lookup
+    from modbench.train.recompute import apply_activation_checkpointing
+
+    try:
+        device = lookup(gpu)
+        cases: list[Any] = []
+        if spec is not None:
+            from modbench.study.spec import expand, load_spec
+
+            seen: set[tuple[str, str]] = set()
+            for r in expand(load_spec(spec)):
+                if (r.scale, r.method) not in seen:
+                    seen.add((r.scale, r.method))
+                    for item in set_ or []:
+                        apply_override(r.config, item)
+                    cases.append(r.config)
+        else:
+            for p in preset or ["cpu-small"]:
+                for m in method or ["baseline"]:
+                    cases.append(resolve(p, method=m, overrides=list(set_ or [])))
+        plans = [plan_or_needs(cfg, device, micro_batch=micro_batch, nproc=nproc,
+                               parallel=parallel or cfg.train.parallel, ensembles=ensembles,
+                               checkpointing=apply_activation_checkpointing)
+                 for cfg in cases]
+    except ModbenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    if as_json:
+        typer.echo(json.dumps([{**mp.to_json(), "note": note} for mp, note in plans],
+                              indent=2))
+        return
+    terms = ["weights", "gradients", "optimizer", "activations", "loss", "eval", "ensembles",
+             "parallel"]
+    shown = [t for t in terms if any(mp.terms.get(t) for mp, _ in plans)]
+    rows = [[mp.preset, mp.method, str(mp.micro_batch),
+             *(f"{mp.terms[t] / 1e9:.2f}" for t in shown), f"{mp.peak_bytes / 1e9:.2f}",
+             "yes" if mp.fits else "no", f"{mp.host_bytes / 1e9:.0f}"] for mp, _ in plans]
+    first = plans[0][0]
+    where = f"{nproc} x {first.device} ({first.parallel})" if nproc > 1 else first.device
+    typer.echo(f"memory plan on {where}: {gb(first.device_bytes)} a device, "
+               f"{gb(first.usable_bytes)} usable; GB (10^9 bytes) a process, "
+               f"{first.precision} forward")
+    _echo_table(["preset", "method", "micro", *shown, "peak", "fits", "host"], rows,
+                right=(*range(2, len(shown) + 4), len(shown) + 5), wrap=(1,))
+    for mp, note in plans:
+        if note:
+            typer.echo(f"{mp.preset} {mp.method}: {note}")
+
+
 @app.command()
 def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

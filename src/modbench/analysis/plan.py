@@ -492,8 +492,17 @@ def choose_micro_batch(cfg: RunConfig, device_bytes: Accelerator | int, *, nproc
         raise ModbenchError(f"train.batch_size={cfg.train.batch_size} does not split evenly "
                             f"over {nproc} processes; use a batch size divisible by {nproc}")
     ctx = _context(cfg, _device_type(cfg, device_bytes, device_type), checkpointing)
-    local = cfg.train.batch_size // nproc
-    cands = divisors(local)
+    best = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin)
+    if best is not None:
+        return best
+    one = _plan(ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
+    raise ModbenchError(refusal(one))
+
+
+def _choose(ctx: _Context, key: str, nbytes: int, nproc: int, parallel: str, ensembles: int,
+            margin: float) -> MemoryPlan | None:
+    """The plan at the largest fitting divisor of the per-process batch, or None."""
+    cands = divisors(ctx.run.train.batch_size // nproc)
     lo, hi = 0, len(cands) - 1  # the fitting ones are a suffix of cands (peak grows with B)
     best: MemoryPlan | None = None
     while lo <= hi:
@@ -503,10 +512,37 @@ def choose_micro_batch(cfg: RunConfig, device_bytes: Accelerator | int, *, nproc
             best, hi = mp, mid - 1
         else:
             lo = mid + 1
-    if best is not None:
-        return best
-    one = _plan(ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
-    raise ModbenchError(refusal(one))
+    return best
+
+
+def plan_or_needs(cfg: RunConfig, device: Accelerator | int, *, micro_batch: int | None = None,
+                  nproc: int = 1, parallel: str = "ddp", ensembles: int = 1,
+                  margin: float = MARGIN, device_type: str | None = None,
+                  checkpointing: Checkpointing | None = None) -> tuple[MemoryPlan, str]:
+    """``modbench plan``'s answer for one run: the plan (at ``micro_batch``, else at the
+    largest that fits, else at 1) and a note: empty where it fits, else what does fit (the
+    fewest FSDP processes of this device that hold it, at their largest micro-batch), or
+    that nothing up to 64 processes does."""
+    key, nbytes = _device(device)
+    if nproc < 1 or cfg.train.batch_size % nproc:
+        raise ModbenchError(f"train.batch_size={cfg.train.batch_size} does not split evenly "
+                            f"over {nproc} processes; use a batch size divisible by {nproc}")
+    ctx = _context(cfg, _device_type(cfg, device, device_type), checkpointing)
+    if micro_batch is not None:
+        mp = _plan(ctx, key, nbytes, micro_batch, nproc, parallel, ensembles, margin)
+    else:
+        mp = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin) or _plan(
+            ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
+    if mp.fits:
+        return mp, ""
+    for n in (2, 4, 8, 16, 32, 64):
+        if (n <= nproc and parallel == "fsdp") or cfg.train.batch_size % n:
+            continue
+        other = _choose(ctx, key, nbytes, n, "fsdp", ensembles, margin)
+        if other is not None:
+            return mp, (f"needs --nproc {n} --parallel fsdp (micro-batch {other.micro_batch}, "
+                        f"peak {gb(other.peak_bytes)} a process)")
+    return mp, "does not fit 64 FSDP processes either: " + refusal(mp).split("; use ")[-1]
 
 
 def refusal(mp: MemoryPlan) -> str:
@@ -559,4 +595,5 @@ def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
 
 
 __all__ = ["FIXED_ALLOWANCE", "MARGIN", "LiveBytes", "MemoryPlan", "choose_micro_batch",
-           "divisors", "host_memory_bytes", "plan_memory", "refusal", "usable_bytes"]
+           "divisors", "host_memory_bytes", "plan_memory", "plan_or_needs", "refusal",
+           "usable_bytes"]
