@@ -159,7 +159,10 @@ def signal_name(signum: int | None) -> str:
 def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[None]:
     """While inside, :data:`STOP_SIGNALS` set :func:`stop_requested` (and call
     ``on_signal``) instead of ending the process; each signal's previous handler is back
-    afterwards, and a second signal of a kind gets it at once. Outside the main thread
+    afterwards, and a second signal of a kind gets it at once. A signal is deferred, never
+    dropped: unless the body acted on it (raised :class:`Preempted`), it is raised again on
+    the way out, for the previous handler (submitit's requeue, or the default: the end of
+    the process) to act on once the run is saved and finished. Outside the main thread
     (where Python cannot take signals) nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -179,7 +182,13 @@ def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[
             previous[sig] = signal.signal(sig, handle) or signal.SIG_DFL
     try:
         yield
+    except Preempted:
+        _requested.clear()  # acted on
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        pending = _requested[:1]
         _requested.clear()
+        if pending:
+            signal.raise_signal(pending[0])

@@ -133,8 +133,8 @@ class World:
 
 
 _TIMED_OUT = re.compile(r"time[ds]? ?out|timeout|deadline", re.IGNORECASE)
-_PEER_LOST = re.compile(r"connection (closed|reset)|broken pipe|peer|recv|send|socket|"
-                        r"rendezvous|NCCL|gloo", re.IGNORECASE)
+_PEER_LOST = re.compile(r"connection (closed|reset|refused)|broken pipe|by peer|remote "
+                        r"process|socket|NCCL", re.IGNORECASE)
 
 
 def collective_failure(error: BaseException, world: World,
@@ -153,7 +153,8 @@ def collective_failure(error: BaseException, world: World,
             "data check, a step or a checkpoint) for another process, which is stuck or much "
             "slower; raise train.dist_timeout if that wait is expected, else look at the "
             "other processes' errors, then continue the run with --resume")
-    if isinstance(error, ConnectionError) or _PEER_LOST.search(text):
+    if (isinstance(error, ConnectionError | dist.DistBackendError)
+            or _PEER_LOST.search(text)):
         return ModbenchError(
             f"{where} lost another process of its group at a collective ("
             f"{text.strip().splitlines()[-1][:160] if text.strip() else type(error).__name__}"
@@ -577,11 +578,11 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
         with stop_on_signals(lambda signum: stop_file.touch()):
             rc, tail = _run(cmd, env, progress)
             signum = stop_requested()
-    if rc != 0 and (signum is not None
-                    or re.search(rf"exit ?code\s*:\s*{EXIT_PREEMPTED}\b", tail)):
-        raise Preempted(f"training with {nproc} processes stopped by {signal_name(signum)}: "
-                        f"its step saved in {out}; continue with resume=True (--resume)",
-                        signum)
+            if rc != 0 and (signum is not None
+                            or re.search(rf"exit ?code\s*:\s*{EXIT_PREEMPTED}\b", tail)):
+                raise Preempted(f"training with {nproc} processes stopped by "
+                                f"{signal_name(signum)}: its step saved in {out}; continue "
+                                "with resume=True (--resume)", signum)
     if rc != 0:
         raise ModbenchError(_failure(tail, nproc, out, rc))
     try:

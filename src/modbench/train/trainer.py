@@ -363,13 +363,13 @@ class Trainer:
                 raise failed from None
             raise
         finally:
-            signals.close()
             batches.close()
             bar.close()
             for m in self.members:
                 if hasattr(m, "log"):
                     m.log.close()
             self.world.end()
+            signals.close()  # last: a signal the run did not act on is raised again here
         return summaries
 
     # ------------------------------------------------------------------ the loop's parts
