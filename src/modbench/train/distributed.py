@@ -17,10 +17,12 @@ Both keep the single-process recipe: the forward runs under the run's autocast
 in fp32, and ``train.activation_checkpointing`` recomputes each block
 (:mod:`modbench.train.recompute`).
 
-**Iso-data.** ``train.batch_size`` is the global batch. Every process reads the batch the
-single-process run reads at that step and trains on its contiguous slice (rank ``r`` of
-``W`` takes rows ``[r B/W, (r+1) B/W)``), so the data order and the batch hash
-(``batches_sha256``) equal the single-process run's. The reported loss is the global mean
+**Iso-data.** ``train.batch_size`` is the global batch. Every process trains on its
+contiguous slice of the batch the single-process run reads at that step (rank ``r`` of ``W``
+takes rows ``[r B/W, (r+1) B/W)``) and reads only those rows (rank 0 reads the whole batch:
+it writes the batch hash), straight into pinned memory on CUDA, copied to its device without
+blocking; so the data order and the batch hash (``batches_sha256``) equal the single-process
+run's. The reported loss is the global mean
 (an all-reduce of the per-process losses), the gradient is the global batch's (DDP and FSDP
 average over processes), clipping acts on the global gradient norm (DDP's gradients are
 already the global ones; FSDP's norm is computed over the shards), and validation splits the
@@ -28,6 +30,13 @@ fixed validation batches over the processes and all-reduces the sums: the single
 value. What differs is the order of float32 sums (a loss is a mean of per-process means, a
 gradient an average of per-process gradients), so losses agree with the single process to
 float32 rounding, not bit for bit.
+
+**Surviving a cluster** (docs/cluster.md). The group's timeout is ``train.dist_timeout``; a
+collective that times out or loses a process fails in one line (:func:`collective_failure`).
+The data's checksums are hashed once per node (``modbench.runtime.data``). SIGUSR1, SIGUSR2
+and SIGTERM make every process save the step they agree on and exit 75
+(``modbench.runtime.checkpoint``); :func:`launch` passes them to its processes as a stop
+file.
 
 **Files.** Only rank 0 writes the run folder (config.yaml, metrics.jsonl, summary.json,
 checkpoints) and prepares the built-in data; the others write nothing. A checkpoint is

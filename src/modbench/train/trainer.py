@@ -22,6 +22,12 @@ same loop over a :class:`~modbench.train.distributed.DistributedEngine` (DDP or 
 ``train.parallel``): each process trains on its slice of the same global batch, every
 callback runs on every process, and only rank 0 writes files.
 
+A stop signal (SIGUSR1, SIGUSR2, SIGTERM: a scheduler's warning before a time limit or a
+preemption; :func:`modbench.runtime.checkpoint.stop_on_signals`) is read between steps: the
+run finishes its step, saves a checkpoint of it (every process of a group at the same step)
+and raises :class:`~modbench.runtime.checkpoint.Preempted` (exit status 75); ``--resume``
+continues it exactly.
+
 The run folder's files are described in :mod:`modbench.runtime.runfolder` and docs/runs.md.
 """
 
