@@ -545,6 +545,32 @@ def plan_or_needs(cfg: RunConfig, device: Accelerator | int, *, micro_batch: int
     return mp, "does not fit 64 FSDP processes either: " + refusal(mp).split("; use ")[-1]
 
 
+def max_ensembles(cfg: RunConfig, device: Accelerator | int, k: int, *,
+                  device_type: str | None = None) -> int:
+    """The most of ``k`` seeds of run ``cfg`` that one device holds stacked in one process
+    (:class:`modbench.train.engine.LocalEngine`): ``k`` where the plan fits ``k`` members
+    (their weights, gradients and optimizer state, the stacked copies, and ``k`` times the
+    step's activations) at ``train.micro_batch_size`` (``auto``: at some micro-batch), else
+    the largest fewer; 1 where none stack. ``train.device_memory_gb`` overrides ``device``."""
+    if cfg.train.activation_checkpointing:
+        return 1  # the trainer does not stack seeds that recompute their activations
+    if cfg.train.device_memory_gb is not None:
+        device = int(cfg.train.device_memory_gb * 1e9)
+    key, nbytes = _device(device)
+    ctx = _context(cfg, _device_type(cfg, device, device_type), None)
+    mb = cfg.train.micro_batch_size
+    for n in range(k, 1, -1):
+        if isinstance(mb, int):
+            if _plan(ctx, key, nbytes, mb, 1, "ddp", n, MARGIN).fits:
+                return n
+        elif mb == "auto":
+            if _choose(ctx, key, nbytes, 1, "ddp", n, MARGIN) is not None:
+                return n
+        elif _plan(ctx, key, nbytes, cfg.train.batch_size, 1, "ddp", n, MARGIN).fits:
+            return n
+    return 1
+
+
 def refusal(mp: MemoryPlan) -> str:
     """The one line that says a plan does not fit at micro-batch 1, and what to do."""
     big = mp.largest_term()
@@ -595,5 +621,6 @@ def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
 
 
 __all__ = ["FIXED_ALLOWANCE", "MARGIN", "LiveBytes", "MemoryPlan", "choose_micro_batch",
-           "divisors", "host_memory_bytes", "plan_memory", "plan_or_needs", "refusal",
+           "divisors", "host_memory_bytes", "max_ensembles", "plan_memory", "plan_or_needs",
+           "refusal",
            "usable_bytes"]

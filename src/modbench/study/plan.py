@@ -155,7 +155,7 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
     """The jobs ``modbench study run`` would start for ``spec`` into ``out`` (runs the study
     folder already has done are left out), with their resources and estimated GPU-hours.
     Reads the folder's index if there is one; writes nothing."""
-    from modbench.study.runner import _jobs, use_ensembles
+    from modbench.study.runner import _jobs, stack_memory, use_ensembles
 
     opts = options or ExecutorOptions()
     check_options(executor, opts, workers)
@@ -172,10 +172,11 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
         cpus = cpus_for(opts, gpus)
         stack = use_ensembles(ensembles, gpus)
     nproc = nproc_for(gpus)
+    memory = stack_memory(executor, gpus) if stack else None
     configs = {r.key: r.config for r in todo}
     jobs = []
     limit_h = (opts.slurm_time or SLURM_TIME_MIN) / 60
-    for job in _jobs(out, todo, spec, stack, nproc):
+    for job in _jobs(out, todo, spec, stack, nproc, memory):
         cfgs = [configs[k] for k in job.keys]
         flops = sum(run_flops(c) for c in cfgs)
         tc = cfgs[0].train

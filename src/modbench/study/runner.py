@@ -432,6 +432,26 @@ def use_ensembles(choice: str, gpus_per_job: int | None = None) -> bool:
     return choice == "on"
 
 
+def stack_memory(executor: str, gpus: int | None) -> int | None:
+    """The device memory (bytes) stacked seeds are planned against (:func:`_jobs`): the
+    local GPU's, or on a cluster of one GPU per job the catalogue's H100 80 GB (a run's
+    ``train.device_memory_gb`` overrides either); None on the CPU, where RAM does not bound
+    stacking."""
+    if executor != "local":
+        if gpus != 1:
+            return None
+        from modbench.runtime.gpus import lookup
+
+        return lookup("h100-80gb").memory_bytes
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from modbench.runtime.gpus import device_memory_bytes
+
+    return device_memory_bytes(torch.device("cuda", 0))
+
+
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
@@ -467,8 +487,10 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         gpus = ex.gpus_per_job
         nproc = nproc_for(gpus)
         stack = use_ensembles(ensembles, None if executor == "local" else gpus)
+        memory = stack_memory(executor, gpus) if stack else None
         while runs:
-            _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc)
+            _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc,
+                     memory)
             if until_decided is None:
                 break
             runs = _undecided_runs(spec, out, until_decided)
@@ -481,7 +503,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
 
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
              counts: dict[str, Any], failures: list[str], progress: bool,
-             stack: bool = False, nproc: int = 1) -> None:
+             stack: bool = False, nproc: int = 1, memory: int | None = None) -> None:
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
@@ -492,7 +514,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     bar = StudyProgress(spec.name, views_for(todo, store), store, enabled=progress,
                         done_before=len(runs) - len(todo), workers=getattr(ex, "workers", None))
     try:
-        for results in ex.run(_jobs(out, todo, spec, stack, nproc)):
+        for results in ex.run(_jobs(out, todo, spec, stack, nproc, memory)):
             for res in results:
                 counts[res.outcome] += 1
                 counts["diverged"] += res.status == "diverged"
@@ -541,9 +563,11 @@ def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]
 
 
 def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
-          nproc: int = 1) -> list[Job]:
+          nproc: int = 1, memory: int | None = None) -> list[Job]:
     """One job per run; with ``stack``, one job per group of runs that differ only in their
-    init seed (same scale, method and data order) when the method can stack. With ``nproc``
+    init seed (same scale, method and data order) when the method can stack, and, with
+    ``memory`` (device bytes, :func:`stack_memory`), only as many seeds a job as the memory
+    plan fits on that device (:func:`modbench.analysis.plan.max_ensembles`). With ``nproc``
     > 1 every run is one torchrun group: one run per job."""
     from modbench.methods.build import plan
 
@@ -557,6 +581,11 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
     for group in groups.values():
         if len(group) > 1 and not plan(group[0].config.model).stackable:
             batches += [[r] for r in group]
+        elif len(group) > 1 and memory is not None:
+            from modbench.analysis.plan import max_ensembles
+
+            k = max_ensembles(group[0].config, memory, len(group), device_type="cuda")
+            batches += [group[i:i + k] for i in range(0, len(group), k)]
         else:
             batches.append(group)
     ev = dataclasses.asdict(spec.evaluation)

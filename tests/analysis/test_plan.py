@@ -1,0 +1,187 @@
+"""The memory plan (modbench.analysis.plan): its terms, the affine extrapolation in the
+micro-batch, the choice of a micro-batch, the refusal, stacking decisions, ``modbench plan``
+and train.micro_batch_size=auto in the trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from modbench.analysis.plan import (
+    FIXED_ALLOWANCE,
+    MARGIN,
+    _context,
+    choose_micro_batch,
+    max_ensembles,
+    plan_memory,
+)
+from modbench.cli import app
+from modbench.config import resolve
+from modbench.errors import ModbenchError
+from modbench.methods.build import count_params
+from modbench.runtime.gpus import lookup
+from modbench.study.runner import _jobs
+from modbench.study.spec import expand, load_spec
+from modbench.train.trainer import train
+from tests.study.test_ensembles import spec_with
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _bytes_between(low: int, high: int) -> int:
+    """Device bytes (CPU type) whose usable share lies halfway between two peaks."""
+    usable = (low + high) // 2
+    return math.ceil((usable + FIXED_ALLOWANCE["cpu"]) / (1 - MARGIN))
+
+
+def test_terms_add_up_and_the_state_is_counted_from_the_parameters() -> None:
+    cfg = resolve("tiny", method="hyper_connections")
+    mp = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=4)
+    assert mp.peak_bytes == sum(mp.terms.values())
+    n = count_params(cfg.model)
+    assert mp.params == n
+    assert mp.terms["weights"] == 4 * n  # fp32 master weights
+    assert mp.terms["gradients"] == 4 * n
+    assert mp.terms["optimizer"] == 8 * n  # AdamW: two fp32 moments
+    assert mp.terms["activations"] > 0 and mp.terms["loss"] > 0
+    assert mp.largest_term() == max(mp.terms, key=mp.terms.__getitem__)
+    assert mp.precision == "bf16" and mp.fits
+    js = mp.to_json()
+    assert js["peak_bytes"] == mp.peak_bytes and js["largest_term"] == mp.largest_term()
+    # FSDP over 4 processes shards the state; DDP keeps it whole plus its gradient buckets
+    fsdp = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=1, nproc=4,
+                       parallel="fsdp")
+    ddp = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=1, nproc=4)
+    assert fsdp.terms["optimizer"] == math.ceil(8 * n / 4)
+    assert ddp.terms["optimizer"] == 8 * n and ddp.terms["parallel"] == 4 * n
+    assert fsdp.peak_bytes == sum(fsdp.terms.values())
+
+
+def test_muon_keeps_one_buffer_for_the_hidden_matrices() -> None:
+    adamw = plan_memory(resolve("tiny"), device=lookup("cpu"), micro_batch=1)
+    muon = plan_memory(resolve("tiny", overrides=["recipe.optimizer=muon"]),
+                       device=lookup("cpu"), micro_batch=1)
+    assert adamw.terms["optimizer"] > muon.terms["optimizer"] > adamw.terms["optimizer"] // 2
+
+
+@pytest.mark.parametrize("method", ["baseline", "denseformer"])
+def test_activations_extrapolated_from_two_micro_batches_equal_a_direct_trace(
+        method: str) -> None:
+    cfg = resolve("tiny", method=method)
+    tracer = _context(cfg, "cpu", None).tracer
+    assert tracer.points(4) == (1, 2)
+    extrapolated = tracer.at(4)
+    direct = tracer.trace(4)
+    assert extrapolated.activations == pytest.approx(direct.activations, rel=1e-3)
+    assert extrapolated.loss == pytest.approx(direct.loss, rel=1e-3)
+    assert extrapolated.eval == pytest.approx(direct.eval, rel=1e-3)
+    assert direct.activations > 2 * tracer.trace(1).activations
+
+
+def test_auto_chooses_the_largest_divisor_that_fits() -> None:
+    cfg = resolve("tiny")  # batch 8: divisors 8, 4, 2, 1
+    cpu = lookup("cpu")
+    peaks = {b: plan_memory(cfg, device=cpu, micro_batch=b).peak_bytes for b in (1, 2, 4, 8)}
+    assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
+    device = _bytes_between(peaks[4], peaks[8])
+    mp = choose_micro_batch(cfg, device, device_type="cpu")
+    assert mp.micro_batch == 4 and mp.fits and mp.peak_bytes == peaks[4]
+    assert choose_micro_batch(cfg, _bytes_between(peaks[1], peaks[2]),
+                              device_type="cpu").micro_batch == 1
+    # two processes: the divisors of each one's 4 sequences
+    assert choose_micro_batch(cfg, 10**12, nproc=2, device_type="cpu").micro_batch == 4
+
+
+def test_a_run_that_does_not_fit_at_micro_batch_one_is_refused_in_one_line() -> None:
+    cfg = resolve("tiny")
+    with pytest.raises(ModbenchError) as e:
+        choose_micro_batch(cfg, FIXED_ALLOWANCE["cuda"] + 10**6)
+    msg = str(e.value)
+    assert "\n" not in msg and "micro-batch 1" in msg
+    assert "largest term" in msg and "--nproc" in msg
+    assert "train.activation_checkpointing=true" in msg and "smaller model" in msg
+
+
+def test_seeds_stack_only_as_many_as_the_plan_fits(tmp_path: Path) -> None:
+    cfg = resolve("tiny", overrides=["train.micro_batch_size=8"])
+    cpu = lookup("cpu")
+    one = plan_memory(cfg, device=cpu, micro_batch=8)
+    two = plan_memory(cfg, device=cpu, micro_batch=8, ensembles=2).peak_bytes
+    three = plan_memory(cfg, device=cpu, micro_batch=8, ensembles=3)
+    state = one.terms["weights"] + one.terms["gradients"] + one.terms["optimizer"]
+    assert three.terms["ensembles"] >= 2 * state + 2 * one.terms["activations"]
+    assert one.peak_bytes < two < three.peak_bytes
+    assert max_ensembles(cfg, _bytes_between(two, three.peak_bytes), 3,
+                         device_type="cpu") == 2
+    assert max_ensembles(cfg, _bytes_between(one.peak_bytes, two), 3,
+                         device_type="cpu") == 1
+    assert max_ensembles(cfg, 10**12, 3, device_type="cpu") == 3
+    # a study's jobs (a GPU of `memory` bytes): the noise floor's three seeds of the baseline
+    # stack where they fit, train one by one where not
+    spec = load_spec(spec_with(tmp_path, []))
+    runs = expand(spec)
+    assert [len(j.keys) for j in _jobs(tmp_path, runs, spec, True, 1, 10**12)] == [3]
+    small = FIXED_ALLOWANCE["cuda"] + 10**6
+    assert [len(j.keys) for j in _jobs(tmp_path, runs, spec, True, 1, small)] == [1, 1, 1]
+
+
+def test_cli_plan_json_on_a_tiny_preset() -> None:
+    res = CliRunner().invoke(app, ["plan", "--preset", "tiny", "--method", "baseline",
+                                   "--method", "diff_attn", "--gpu", "h100", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [r["method"] for r in rows] == ["baseline", "diff_attn"]
+    for r in rows:
+        assert r["preset"] == "tiny" and r["device"] == "h100-80gb" and r["fits"]
+        assert r["micro_batch"] == 8 and r["peak_bytes"] == sum(r["terms"].values())
+        assert r["host_bytes"] > 0 and r["note"] == ""
+    bad = CliRunner().invoke(app, ["plan", "--preset", "tiny", "--gpu", "h1000"])
+    assert bad.exit_code == 2 and "unknown GPU" in bad.output
+
+
+def _losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r.get("kind") == "train"]
+
+
+def test_auto_micro_batches_train_like_one_full_batch(tmp_path: Path) -> None:
+    cfg = resolve("tiny", steps=3)
+    cpu = lookup("cpu")
+    peaks = {b: plan_memory(cfg, device=cpu, micro_batch=b).peak_bytes for b in (2, 4)}
+    gb = _bytes_between(peaks[2], peaks[4]) / 1e9
+    auto = resolve("tiny", steps=3, overrides=["train.micro_batch_size=auto",
+                                               f"train.device_memory_gb={gb}",
+                                               "train.device=cpu"])
+    full = train(cfg, tmp_path / "full", progress=False)
+    chunked = train(auto, tmp_path / "auto", progress=False)
+    assert chunked["micro_batch_size"] == 2 and full["micro_batch_size"] == 8
+    assert chunked["batches_sha256"] == full["batches_sha256"]
+    assert _losses(tmp_path / "auto") == pytest.approx(_losses(tmp_path / "full"), rel=1e-5)
+    assert chunked["final_val_loss"] == pytest.approx(full["final_val_loss"], rel=1e-5)
+    written = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
+    assert written["train"]["micro_batch_size"] == "auto"
+    assert written["meta"]["micro_batch_size"] == 2
+
+
+def test_auto_refuses_a_run_that_cannot_fit_before_writing(tmp_path: Path) -> None:
+    cfg = resolve("tiny", overrides=["train.micro_batch_size=auto",
+                                     "train.device_memory_gb=0.1", "train.device=cpu"])
+    with pytest.raises(ModbenchError, match="micro-batch 1"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_new_keys_are_validated_in_one_line() -> None:
+    for bad, words in (("train.micro_batch_size=most", "auto"),
+                       ("train.micro_batch_size=3", "divide"),
+                       ("train.device_memory_gb=0", "positive")):
+        with pytest.raises(ModbenchError, match=words):
+            resolve("tiny", overrides=[bad])
+    assert resolve("climb-1.2b").train.micro_batch_size == "auto"
+    assert resolve("llama-60m").train.micro_batch_size == "auto"
+    assert resolve("cpu-small").train.micro_batch_size is None
