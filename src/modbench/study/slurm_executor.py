@@ -18,8 +18,8 @@ resumes a run folder that has one), so a run longer than the time limit trains a
 allocations.
 
 Each task asks for the host memory its runs need (``--mem``, :func:`host_memory_gb`: the full
-fp32 state a checkpoint gathers on rank 0 plus an allowance per process), unless
-``--slurm-mem-gb`` says otherwise. Results are collected
+fp32 state a checkpoint gathers on rank 0, and per process the model built on the CPU and a
+runtime allowance), unless ``--slurm-mem-gb`` says otherwise. Results are collected
 as array tasks finish (``submitit.helpers.as_completed``); a task that fails (a crash, out of
 memory, cancelled, too many time-outs) has its unfinished runs recorded as failed with a
 one-line reason, and the next ``modbench study run`` retries them.
@@ -58,28 +58,18 @@ from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
 #: seconds before the end of an allocation at which SLURM signals a task: time to finish a
 #: step and write a checkpoint (a 3B run's ~36 GB of fp32 state at a few hundred MB/s)
 SIGNAL_DELAY_S = 300
-#: host memory (bytes) per process besides the gathered state: CUDA context, torch and its
-#: libraries, prefetched batches; and per task (the submitting process, evaluation)
-HOST_BYTES_PER_PROCESS = 6 * 2**30
-HOST_BYTES_PER_TASK = 4 * 2**30
-#: bytes per parameter of the state rank 0 gathers for a checkpoint: fp32 weights and two
-#: fp32 optimizer moments (AdamW, Adam; Muon keeps fewer)
-STATE_BYTES_PER_PARAM = 4 + 8
 
 
 def host_memory_gb(jobs: list[Job]) -> int:
-    """Host memory (GB, rounded up) a task of these jobs needs, the largest of them: each
-    member's full fp32 weights and optimizer state (a checkpoint gathers them on rank 0;
-    every process maps the checkpoint it resumes from, sharing the node's page cache) plus
-    :data:`HOST_BYTES_PER_PROCESS` per process and :data:`HOST_BYTES_PER_TASK`."""
-    # TODO: use modbench.analysis.plan.host_memory_bytes(cfg, nproc) once it exists there
-    from modbench.methods.build import plan
+    """Host memory (GB, rounded up) a task of these jobs needs, the largest of them:
+    :func:`modbench.analysis.plan.host_memory_bytes` of each run (rank 0's gathered fp32
+    weights and optimizer state for a checkpoint, the model each process builds on the CPU,
+    a runtime allowance per process), summed over the seeds a job stacks. A resume maps its
+    checkpoint (``runtime.checkpoint``), sharing the node's page cache, so it adds nothing."""
+    from modbench.analysis.plan import host_memory_bytes
 
-    need = 0
-    for job in jobs:
-        state = sum(plan(from_dict(c).model).count_params() for c in job.configs)
-        need = max(need, state * STATE_BYTES_PER_PARAM + job.nproc * HOST_BYTES_PER_PROCESS
-                   + HOST_BYTES_PER_TASK)
+    need = max(sum(host_memory_bytes(from_dict(c), job.nproc) for c in job.configs)
+               for job in jobs)
     return -(-need // 10**9)
 
 
