@@ -124,6 +124,26 @@ def test_the_table_runs_one_micro_batch_on_cuda(monkeypatch: pytest.MonkeyPatch)
     assert bench.table_batch("climb-1.2b", gpu) == (bench.GPU_TOKENS // 1024, 1024, "fixed")
 
 
+def test_the_micro_batch_on_cuda_is_the_memory_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from modbench.analysis import plan as memory_plan
+    from modbench.runtime.gpus import lookup
+
+    asked = []
+
+    def choose(cfg: object, device: object) -> SimpleNamespace:
+        asked.append((cfg, device))
+        return SimpleNamespace(micro_batch=96, peak_bytes=1)
+
+    h100 = lookup("h100-pcie")
+    monkeypatch.setattr(memory_plan, "choose_micro_batch", choose)
+    monkeypatch.setattr(bench, "detect", lambda device: h100)
+    assert bench.table_batch("llama-60m", torch.device("cuda")) == (96, 256, "plan")
+    (cfg, device), = asked
+    assert cfg.preset == "llama-60m" and device is h100  # planned against the exact model
+
+
 def test_log_lines_are_timed_by_when_they_were_whole_on_disk() -> None:
     a, b = json.dumps({"kind": "train", "step": 1}) + "\n", json.dumps({"kind": "val"}) + "\n"
     half = len(a) + 3  # the second line half written at t=2

@@ -261,7 +261,9 @@ def micro_batch_for(preset: str, seq: int, device: torch.device) -> tuple[int, s
         from modbench.analysis import plan as memory_plan
     except ImportError:
         return max(1, GPU_TOKENS // seq), "fixed"
-    chosen = memory_plan.choose_micro_batch(resolve(preset), device_memory_bytes(device))
+    # the exact model where known (its own memory; the plan's precision follows its type)
+    chosen = memory_plan.choose_micro_batch(resolve(preset),
+                                            detect(device) or device_memory_bytes(device))
     return int(chosen.micro_batch), "plan"
 
 
