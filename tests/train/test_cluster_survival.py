@@ -10,7 +10,9 @@ with two processes on the CPU:
   process, in a group where one process got the signal, through ``modbench train`` and
   through a torchrun group (``launch``);
 - checkpoints are read memory-mapped (their tensors are the file's pages, not a copy);
-- the SLURM executor asks for the signal and for the host memory its runs need; a Ray task
+- the SLURM executor asks for the signal and for the host memory its runs need, and on
+  submitit's local cluster a task signalled mid-run (no periodic checkpoints) is requeued and
+  resumes from the step the signal saved, ending as the local executor's run; a Ray task
   sets its thread counts.
 
 The groups meet through a file store (the timeout test: torch's env:// on localhost, as
@@ -534,3 +536,93 @@ def test_ray_task_sets_its_thread_counts(tmp_path: Path, monkeypatch: pytest.Mon
     job = dataclasses.replace(_job(tmp_path, resolve("tiny")), threads=3)
     rx.run_job(job)
     assert seen == {"omp": "3", "mkl": "3"}
+
+
+# ------------------------------------------------------------------------------ submitit
+
+
+class _SignalOnce:
+    """Wraps a StudyTask (submitit local cluster): the first attempt sends itself submitit's
+    signal (SIGUSR2) at ``on_batch(step)``, as SLURM sends it before a time limit."""
+
+    def __init__(self, fault_dir: Path, step: int) -> None:
+        from modbench.study.slurm_executor import StudyTask
+
+        self.task, self.fault_dir, self.step = StudyTask(), fault_dir, step
+
+    def __call__(self, job: Any) -> Any:
+        import modbench.train.trainer as trainer
+
+        emit, fault_dir, at = trainer.Trainer._emit, self.fault_dir, self.step
+
+        def emitted(self: Any, members: Any, hook: str, *args: Any) -> None:
+            emit(self, members, hook, *args)
+            if hook == "on_batch" and args[0] == at:
+                try:
+                    os.replace(fault_dir / "armed", fault_dir / "fired")
+                except FileNotFoundError:
+                    return  # the requeued attempt
+                (fault_dir / "fired").write_text(str(os.getpid()))  # its time: now
+                os.kill(os.getpid(), signal.SIGUSR2)
+
+        trainer.Trainer._emit = emitted  # type: ignore[method-assign]
+        return self.task(job)
+
+    def checkpoint(self, job: Any) -> Any:
+        return self.task.checkpoint(job)
+
+
+def test_submitit_requeue_resumes_from_the_step_the_signal_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--executor slurm on submitit's local cluster, no periodic checkpoints: the signal
+    during step 5 saves step 5, submitit requeues the task, the run goes on from there (it is
+    not started again) and ends as the local executor's run, bit for bit."""
+    pytest.importorskip("submitit")
+    import yaml
+
+    import modbench.study.runner as runner
+    from modbench.study.cluster import ExecutorOptions, check_options
+    from modbench.study.runner import run_study
+    from modbench.study.slurm_executor import SlurmExecutor
+    from modbench.study.spec import load_spec
+    from modbench.study.store import Store
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "preempt", "baseline": "baseline", "methods": [],
+        "seeds": {"default": [0], "noise_floor": [0], "anchors": []}, "scales": ["tiny"],
+        "overrides": ["train.steps=10", "train.eval_every=5", "train.checkpoint_every=0",
+                      "train.threads=1"], "evaluation": {"probes": False}}))
+    threads = torch.get_num_threads()
+    try:
+        local = run_study(load_spec(spec_file), tmp_path / "local", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert local["trained"] == 1
+    fault_dir = tmp_path / "faults"
+    fault_dir.mkdir()
+    (fault_dir / "armed").touch()
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), *filter(
+        None, [os.environ.get("PYTHONPATH")])]))
+
+    def local_cluster(name: str, workers: int | None, options: ExecutorOptions | None = None,
+                      *, verbose: bool = False) -> Any:
+        check_options(name, options or ExecutorOptions(), workers)
+        return SlurmExecutor(options or ExecutorOptions(), cluster="local", poll_s=0.2,
+                             task=_SignalOnce(fault_dir, 4))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "make_executor", local_cluster)
+    out = tmp_path / "slurm"
+    got = run_study(load_spec(spec_file), out, executor="slurm", progress=False,
+                    options=ExecutorOptions(gpus_per_run=0, cpus_per_run=1, slurm_time=60))
+    assert (got["trained"], got["failed"], got["failures"]) == (1, 0, [])
+    assert (fault_dir / "fired").exists()
+    log = "\n".join(p.read_text() for p in (out / "slurm").glob("*_log.*"))
+    assert "stopped by SIGUSR2 after step 5: checkpoint saved in" in log
+    assert "Requeued job" in log
+    (row,) = Store(out).rows()
+    run = out / "runs" / row["key"]
+    # the requeued attempt resumed (a fresh start would write config.yaml again)
+    assert (run / "config.yaml").stat().st_mtime_ns < (fault_dir / "fired").stat().st_mtime_ns
+    assert_same_run(tmp_path / "local" / "runs" / row["key"], run)
