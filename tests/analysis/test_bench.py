@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -132,16 +133,20 @@ def test_the_micro_batch_on_cuda_is_the_memory_plans(monkeypatch: pytest.MonkeyP
 
     asked = []
 
-    def choose(cfg: object, device: object) -> SimpleNamespace:
+    def choose(cfg: Any, device: object) -> SimpleNamespace:
         asked.append((cfg, device))
-        return SimpleNamespace(micro_batch=96, peak_bytes=1)
+        return SimpleNamespace(micro_batch={"baseline": 96, "comt": 48}[cfg.model.method],
+                               peak_bytes=1)
 
     h100 = lookup("h100-pcie")
     monkeypatch.setattr(memory_plan, "choose_micro_batch", choose)
     monkeypatch.setattr(bench, "detect", lambda device: h100)
-    assert bench.table_batch("llama-60m", torch.device("cuda")) == (96, 256, "plan")
+    gpu = torch.device("cuda")
+    assert bench.table_batch("llama-60m", gpu) == (96, 256, "plan")
     (cfg, device), = asked
     assert cfg.preset == "llama-60m" and device is h100  # planned against the exact model
+    # the table's methods all fit: the smallest of their plans
+    assert bench.table_batch("llama-60m", gpu, methods=["baseline", "comt"]) == (48, 256, "plan")
 
 
 def test_log_lines_are_timed_by_when_they_were_whole_on_disk() -> None:

@@ -66,6 +66,7 @@ from modbench.config import ModelConfig, resolve
 from modbench.errors import ModbenchError
 from modbench.methods.build import plan
 from modbench.model.attention import ExplicitKernel
+from modbench.runtime import loss as loss_mod
 from modbench.runtime.device import fused_kernel
 from modbench.runtime.gpus import detect, device_memory_bytes, peak_tflops
 from modbench.runtime.loss import lm_loss
@@ -154,8 +155,20 @@ def modbench_case(method: str, preset: str, rows: int, seq: int, device: torch.d
     model = plan(cfg).build(seed, device)
     fn = torch.compile(model) if compile else model
     idx = _batch(cfg.vocab_size, rows, seq, device, seed)
-    return Case(label or method, model, lambda: lm_loss(fn(idx), idx), device, rows * seq,
+    return Case(label or method, model, lambda: trainer_loss(fn, idx), device, rows * seq,
                 flop_report(cfg, seq).train_flops_per_token, _autocast(device, dtype))
+
+
+def trainer_loss(fn: Callable[..., Any], idx: torch.Tensor) -> torch.Tensor:
+    """The objective the trainer's engine backpropagates on one micro-batch: the model's own
+    summed loss (``runtime.loss.micro_loss``, no full logits) where this tree has it, else
+    ``lm_loss`` of the logits; plus the cores' auxiliary terms (0 when none adds any)."""
+    micro = getattr(loss_mod, "micro_loss", None)
+    if micro is not None:
+        lm, aux = micro(fn, idx, None, 0, n_micro=1)
+        return lm + aux
+    logits, aux = fn(idx, with_aux=True)
+    return lm_loss(logits, idx) + aux
 
 
 def hf_llama(cfg: ModelConfig) -> nn.Module:
@@ -253,18 +266,21 @@ def compare_hf(presets: Iterable[str], device: torch.device, *, rounds: int = 5,
     return out
 
 
-def micro_batch_for(preset: str, seq: int, device: torch.device) -> tuple[int, str]:
+def micro_batch_for(preset: str, seq: int, device: torch.device,
+                    methods: Iterable[str] = ("baseline",)) -> tuple[int, str]:
     """Rows of the method table's micro-batch on ``device`` and where the number came from:
-    the memory plan's choice for the baseline at ``preset`` (``"plan"``), or
+    the smallest of the memory plan's choices for ``methods`` at ``preset`` (``"plan"``: every
+    method of the table fits at it; planning traces each method on the CPU, seconds each), or
     :data:`GPU_TOKENS` tokens a micro-batch (``"fixed"``) where no plan is available."""
     try:
         from modbench.analysis import plan as memory_plan
     except ImportError:
         return max(1, GPU_TOKENS // seq), "fixed"
     # the exact model where known (its own memory; the plan's precision follows its type)
-    chosen = memory_plan.choose_micro_batch(resolve(preset),
-                                            detect(device) or device_memory_bytes(device))
-    return int(chosen.micro_batch), "plan"
+    target = detect(device) or device_memory_bytes(device)
+    rows = min(int(memory_plan.choose_micro_batch(resolve(preset, method=m), target)
+                   .micro_batch) for m in dict.fromkeys(methods))
+    return rows, "plan"
 
 
 def bench_data(vocab_size: int, seq_len: int, progress: bool = False) -> Path:
@@ -416,17 +432,18 @@ def method_overhead(methods: Iterable[str], preset: str, device: torch.device, *
     return out
 
 
-def table_batch(preset: str, device: torch.device, micro_batch: int = 0
-                ) -> tuple[int, int, str]:
+def table_batch(preset: str, device: torch.device, micro_batch: int = 0,
+                methods: Iterable[str] = ("baseline",)) -> tuple[int, int, str]:
     """Rows, tokens and their source for the method table (and the trainer's step): the
-    preset's own batch on the CPU (``"preset"``), one micro-batch on CUDA (the memory plan's
-    or a fixed one: :func:`micro_batch_for`), or ``micro_batch`` rows (``"given"``)."""
+    preset's own batch on the CPU (``"preset"``), one micro-batch on CUDA that every one of
+    ``methods`` fits (the memory plan's or a fixed one: :func:`micro_batch_for`), or
+    ``micro_batch`` rows (``"given"``)."""
     tc = resolve(preset).train
     if micro_batch:
         return micro_batch, tc.seq_len, "given"
     if device.type == "cpu":
         return tc.batch_size, tc.seq_len, "preset"
-    rows, source = micro_batch_for(preset, tc.seq_len, device)
+    rows, source = micro_batch_for(preset, tc.seq_len, device, methods)
     return rows, tc.seq_len, source
 
 
@@ -489,27 +506,30 @@ def run_bench(*, device: str = "cpu", hf_presets: Iterable[str] | None = HF_PRES
     resolve(preset)  # an unknown preset fails here, before anything runs
     if threads:
         torch.set_num_threads(threads)
-    hf = compare_hf(hf_presets, dev, rounds=rounds, steps=steps, dtype=dtype,
-                    compile=compile, seed=seed, progress=progress) if hf_presets else []
-    rows, seq, source = table_batch(preset, dev, micro_batch)
-    table = method_overhead(methods, preset, dev, rounds=rounds, steps=steps, dtype=dtype,
-                            compile=compile, seed=seed, batch=(rows, seq),
-                            progress=progress) if methods else []
+    methods = list(dict.fromkeys(["baseline", *methods])) if methods else None
+    rows, seq, source = table_batch(preset, dev, micro_batch, methods or ("baseline",))
     peak = peak_tflops(dev)
     timed = None
+    # the trainer first, in its own process: on a GPU the micro-batch is planned to fill the
+    # device, and this process's caching allocator would otherwise still hold the bare steps'
     if trainer if trainer is not None else dev.type == "cuda":
         timed = trainer_step(preset, "baseline", rows, seq, dev, dtype=dtype, compile=compile,
                              steps=trainer_steps, seed=seed, threads=threads)
         if peak:
             timed["mfu"] = (timed["train_flops_per_token"] * timed["tokens_per_s"]
                             / (peak * 1e12))
-        if table:
-            bare = table[0]
-            timed["bare_tokens_per_s"] = bare["tokens_per_s"]
-            timed["bare_step_ms"] = bare["median_ms"]
-            if "mfu" in bare:
-                timed["bare_mfu"] = bare["mfu"]
-            timed["trainer_over_bare"] = timed["step_with_validation_ms"] / bare["median_ms"]
+    hf = compare_hf(hf_presets, dev, rounds=rounds, steps=steps, dtype=dtype,
+                    compile=compile, seed=seed, progress=progress) if hf_presets else []
+    table = method_overhead(methods, preset, dev, rounds=rounds, steps=steps, dtype=dtype,
+                            compile=compile, seed=seed, batch=(rows, seq),
+                            progress=progress) if methods else []
+    if timed is not None and table:
+        bare = table[0]
+        timed["bare_tokens_per_s"] = bare["tokens_per_s"]
+        timed["bare_step_ms"] = bare["median_ms"]
+        if "mfu" in bare:
+            timed["bare_mfu"] = bare["mfu"]
+        timed["trainer_over_bare"] = timed["step_with_validation_ms"] / bare["median_ms"]
     model = detect(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return BenchReport(name, str(torch.__version__), torch.get_num_threads(), dtype, compile,
