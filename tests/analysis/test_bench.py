@@ -144,9 +144,16 @@ def test_the_micro_batch_on_cuda_is_the_memory_plans(monkeypatch: pytest.MonkeyP
     gpu = torch.device("cuda")
     assert bench.table_batch("llama-60m", gpu) == (96, 256, "plan")
     (cfg, device), = asked
-    assert cfg.preset == "llama-60m" and device is h100  # planned against the exact model
-    # the table's methods all fit: the smallest of their plans
+    assert cfg.preset == "llama-60m" and device == h100  # planned against the exact model
+    # the table's methods all fit: the smallest of their plans, each planned beside the
+    # others' resident fp32 weights and AdamW moments
+    asked.clear()
     assert bench.table_batch("llama-60m", gpu, methods=["baseline", "comt"]) == (48, 256, "plan")
+    params = {c.model.method: bench.flop_report(c.model).params for c, _ in asked}
+    for c, device in asked:
+        other = sum(n for m, n in params.items() if m != c.model.method)
+        assert device.key == h100.key
+        assert device.memory_bytes == pytest.approx(h100.memory_bytes - 12 * other, abs=1)
 
 
 def test_log_lines_are_timed_by_when_they_were_whole_on_disk() -> None:

@@ -8,7 +8,8 @@ because the machines this runs on are shared and noisy:
   ``LlamaForCausalLM`` built with the identical shape (width, depth, heads and KV heads,
   SwiGLU width, vocabulary, tied embeddings, RMSNorm eps, RoPE theta; SDPA attention), the
   same batch of random tokens, AdamW with the same settings, gradient clipping at 1.0, and
-  each library's own next-token loss (modbench's ``lm_loss``; Llama's ``labels=`` path).
+  each library's own next-token loss (modbench's: what its trainer backpropagates,
+  :func:`trainer_loss`; Llama's ``labels=`` path).
   Reported: tokens/s of each and their ratio. ``transformers`` is an optional extra.
 - **Method overhead.** Each method's median step time over the baseline's, at one preset.
 
@@ -23,9 +24,10 @@ On the CPU the memory column is the activation memory a step keeps for backward
 Defaults by device. On the CPU: fp32, eager, the preset's own batch (what the CPU tables in
 BENCHMARKS.md were measured with). On CUDA: bf16 autocast and ``torch.compile`` (how the
 trainer runs there: ``recipe.precision=auto``, ``train.compile=auto``), the method table on one
-micro-batch (the memory plan's, :mod:`modbench.analysis.plan`, where it exists; else
-:data:`GPU_TOKENS` tokens per micro-batch), and MFU against the exact GPU model's peak
-(:func:`modbench.runtime.gpus.peak_tflops`: an H100 PCIe is not an H100 SXM). Either may be
+micro-batch (the memory plan's, :mod:`modbench.analysis.plan`, that every method of the table
+fits beside the others' resident state: :func:`micro_batch_for`), and MFU against the exact
+GPU model's peak (:func:`modbench.runtime.gpus.peak_tflops`: an H100 PCIe is not an H100
+SXM). Either may be
 chosen on either device (``--dtype``, ``--compile``/``--no-compile``); the report says which
 ran.
 
@@ -42,6 +44,7 @@ from when its records appear, and charges that validation at the preset's schedu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -269,18 +272,32 @@ def compare_hf(presets: Iterable[str], device: torch.device, *, rounds: int = 5,
 def micro_batch_for(preset: str, seq: int, device: torch.device,
                     methods: Iterable[str] = ("baseline",)) -> tuple[int, str]:
     """Rows of the method table's micro-batch on ``device`` and where the number came from:
-    the smallest of the memory plan's choices for ``methods`` at ``preset`` (``"plan"``: every
-    method of the table fits at it; planning traces each method on the CPU, seconds each), or
-    :data:`GPU_TOKENS` tokens a micro-batch (``"fixed"``) where no plan is available."""
+    the smallest of the memory plan's choices for ``methods`` at ``preset`` (``"plan"``), or
+    :data:`GPU_TOKENS` tokens a micro-batch (``"fixed"``) where no plan is available.
+
+    The table keeps every method's model and AdamW state resident at once (gradients are
+    freed after each step), so each method is planned against the device less the others'
+    fp32 weights and two moments (12 bytes a parameter): every case fits at the chosen size.
+    Planning traces each method on the CPU (seconds each)."""
     try:
         from modbench.analysis import plan as memory_plan
     except ImportError:
         return max(1, GPU_TOKENS // seq), "fixed"
-    # the exact model where known (its own memory; the plan's precision follows its type)
-    target = detect(device) or device_memory_bytes(device)
-    rows = min(int(memory_plan.choose_micro_batch(resolve(preset, method=m), target)
-                   .micro_batch) for m in dict.fromkeys(methods))
-    return rows, "plan"
+    known = detect(device)  # the exact model where known: its own memory and type
+    total = known.memory_bytes if known is not None else device_memory_bytes(device)
+    cfgs = {m: resolve(preset, method=m) for m in dict.fromkeys(methods)}
+    resident = {m: 12 * flop_report(c.model).params for m, c in cfgs.items()}
+    rows = []
+    for m, cfg in cfgs.items():
+        budget = total - (sum(resident.values()) - resident[m])
+        if budget <= 0:
+            raise ModbenchError(f"bench: the {len(cfgs)} methods' weights and AdamW state do "
+                                f"not fit {total / 1e9:.0f} GB together at {preset}; time "
+                                "fewer methods (--methods) or a smaller preset")
+        target: Any = (dataclasses.replace(known, memory_gb=budget / 1e9)
+                       if known is not None else budget)
+        rows.append(int(memory_plan.choose_micro_batch(cfg, target).micro_batch))
+    return min(rows), "plan"
 
 
 def bench_data(vocab_size: int, seq_len: int, progress: bool = False) -> Path:
