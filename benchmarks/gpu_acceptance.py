@@ -43,6 +43,7 @@ import datetime as _dt
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -315,6 +316,10 @@ def child_plans(spec: dict[str, Any]) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    from modbench.analysis.bench import bench_data
+
+    for vocab, seq in spec.get("data", []):  # the trainer sections' data, prepared ahead
+        bench_data(vocab, seq)
     jobs = [(p, m, spec["device"]) for p, m in spec["pairs"]]
     if len(jobs) == 1:
         results = [_plan_entry(jobs[0])]
@@ -455,7 +460,11 @@ def start_plans(run: Run) -> None:
     """Plan the memory section's pairs in a background process (CPU work) from now on."""
     pairs = [[p, m] for p in run.size["plan_presets"] for m in run.size["plan_methods"]]
     run.plans_file = run.work / "plans.json"
-    spec = {"pairs": pairs, "device": device_spec(run.device)}
+    from modbench.config import resolve
+
+    shapes = {(c.model.vocab_size, c.train.seq_len)
+              for c in (resolve(run.size["climb_preset"]), resolve(run.size["bench_preset"]))}
+    spec = {"pairs": pairs, "device": device_spec(run.device), "data": sorted(shapes)}
     run.plans_log = open(run.work / "plans.log", "w+")  # noqa: SIM115 - closed in s_memory_plan
     run.plans_proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--child", "plans", "--spec", json.dumps(spec),
@@ -573,6 +582,7 @@ def s_climb(run: Run, allot: float) -> dict[str, Any]:
     steady = steady_tokens_per_s(records, window)
     fpt = flop_report(cfg.model, cfg.train.seq_len).train_flops_per_token
     peak = peak_tflops(torch.device(run.device)) if run.cuda else None
+    shutil.rmtree(out_dir, ignore_errors=True)  # its checkpoint: 15 GB at climb-1.2b
     return {"preset": preset, "steps": steps, "batch": [batch, cfg.train.seq_len],
             "micro_batch": {**micro, "chosen": summary.get("micro_batch_size")},
             "tokens_per_s_steady": steady, "steady_steps": max(0, steps - window),
