@@ -275,6 +275,31 @@ def test_single_process_signal_saves_the_step_and_resumes_bit_exactly(
     assert_same_run(tmp_path / "whole", tmp_path / "cut")
 
 
+class _SignalAtEval(Callback):
+    """Send this process ``sig`` at the validation of step ``step``."""
+
+    def __init__(self, step: int, sig: int) -> None:
+        self.step, self.sig = step, sig
+
+    def on_eval(self, run: TrainingRun, step: int, record: dict[str, Any]) -> None:
+        if step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+def test_a_signal_after_the_last_step_reaches_the_previous_handler(tmp_path: Path) -> None:
+    """A signal the run cannot act on (during its final validation) is not lost: the run
+    completes, then the handler that was there before (submitit's requeue) gets it."""
+    got: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+    try:
+        summary = train(cfg_of(steps=4), tmp_path / "run",
+                        callbacks=[_SignalAtEval(4, signal.SIGUSR2)], progress=False)
+        assert summary["status"] == "completed" and summary["steps"] == 4
+        assert got == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def _wait_for_steps(run: Path, proc: subprocess.Popen[bytes], steps: int) -> None:
     """Until ``run``'s log has ``steps`` training records (the process still running)."""
     log = run / "metrics.jsonl"

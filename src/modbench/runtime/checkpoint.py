@@ -130,6 +130,7 @@ class Preempted(SystemExit):
     def __init__(self, message: str, signum: int | None = None) -> None:
         super().__init__(EXIT_PREEMPTED)
         self.message, self.signum = message, signum
+        _requested.clear()  # the request is acted on: stop_on_signals does not raise it again
 
     def __str__(self) -> str:
         return self.message
@@ -160,7 +161,7 @@ def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[
     """While inside, :data:`STOP_SIGNALS` set :func:`stop_requested` (and call
     ``on_signal``) instead of ending the process; each signal's previous handler is back
     afterwards, and a second signal of a kind gets it at once. A signal is deferred, never
-    dropped: unless the body acted on it (raised :class:`Preempted`), it is raised again on
+    dropped: unless the body acted on it (made a :class:`Preempted`), it is raised again on
     the way out, for the previous handler (submitit's requeue, or the default: the end of
     the process) to act on once the run is saved and finished. Outside the main thread
     (where Python cannot take signals) nothing is installed."""
@@ -182,9 +183,6 @@ def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[
             previous[sig] = signal.signal(sig, handle) or signal.SIG_DFL
     try:
         yield
-    except Preempted:
-        _requested.clear()  # acted on
-        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
