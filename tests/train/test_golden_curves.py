@@ -21,7 +21,12 @@ RECORDED: dict[str, Any] = json.loads(GOLDEN.read_text())
 
 def approx(x: Any) -> Any:
     if isinstance(x, dict):
-        return {k: approx(v) for k, v in x.items()}
+        # the weights' signed sum cancels (its terms' magnitudes add up to far more than it),
+        # so another CPU's rounding moves it by more in relative terms than anything else
+        # (tokenformer: 1.07e-5 on an AMD EPYC); a changed computation moves it by far more
+        # than 1e-4, and the sum of squares keeps the 1e-5
+        return {k: (pytest.approx(v, rel=1e-4) if k == "weights_sum" else approx(v))
+                for k, v in x.items()}
     if isinstance(x, list):
         return [approx(v) for v in x]
     if isinstance(x, float):

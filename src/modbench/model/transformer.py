@@ -15,6 +15,7 @@ from torch import nn
 from modbench.config import ModelConfig
 from modbench.model.attention import attention_factory, sdpa_kernel_factory
 from modbench.model.ffn import gated_ffn_factory
+from modbench.model.head import cross_entropy_sum, next_token_targets
 from modbench.model.norms import pre_norm_placement, rmsnorm_factory
 from modbench.model.rope import rope_tables
 from modbench.model.spec import Builder, ModelSpec, Parts
@@ -93,11 +94,17 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, idx: torch.Tensor, *, with_aux: bool = False
+    def forward(self, idx: torch.Tensor, *, with_aux: bool = False, loss: bool = False,
+                mask: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Token ids ``(B, T)`` -> logits ``(B, T, V)``; with ``with_aux``, ``(logits, aux)``:
         the sum of the auxiliary loss terms the cores added to the forward's context
-        (``ForwardContext.add_aux``), a 0-d tensor, zero when none did."""
+        (``ForwardContext.add_aux``), a 0-d tensor, zero when none did.
+
+        With ``loss``, the summed next-token cross-entropy (fp32, 0-d) in place of the logits,
+        computed a piece of the sequence at a time so the full logits never exist
+        (:func:`modbench.model.head.cross_entropy_sum`); ``mask`` (``(B, T-1)`` booleans)
+        keeps only those predictions. The engines train and validate through this."""
         t = idx.shape[1]
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
@@ -108,9 +115,16 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block(self.stream, ctx)
         h = self.final_norm(self.stream.finish(state))
+        out = (cross_entropy_sum(self.project, h, next_token_targets(idx, mask),
+                                 self.cfg.vocab_size)
+               if loss else self.project(h))
+        return (out, ctx.aux_total()) if with_aux else out
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Final hidden states -> logits: the LM head (the embedding where tied), then the
+        logits slot's transform."""
         logits = F.linear(h, self.embed.weight) if self.head is None else self.head(h)
-        logits = self.logits_transform(logits)
-        return (logits, ctx.aux_total()) if with_aux else logits
+        return self.logits_transform(logits)
 
     def double(self) -> Transformer:
         """float64 copy for reference checks, with RoPE tables recomputed in float64."""

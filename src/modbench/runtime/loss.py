@@ -29,11 +29,30 @@ def lm_loss(logits: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None =
     target = F.pad(idx[:, 1:], (0, 1), value=IGNORE)
     if mask is not None:
         target[:, :-1].masked_fill_(~mask, IGNORE)
-    flat, target = logits.reshape(-1, v).float(), target.reshape(-1)
+    flat, target = logits.reshape(-1, v), target.reshape(-1)
+    if flat.dtype != torch.float64:  # half-precision logits are scored in fp32
+        flat = flat.float()
     if mask is None:
         return F.cross_entropy(flat, target, ignore_index=IGNORE)
     total = F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum")
     return total / max(int(mask.sum()) if count is None else count, 1)
+
+
+def micro_loss(forward: Callable[..., Any], micro: torch.Tensor,
+               mask: torch.Tensor | None = None, count: int = 0, *,
+               n_micro: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lm, aux)`` of one micro-batch of a step, through ``forward`` (a modbench model, or a
+    function that calls one), which sums the next-token cross-entropy without holding the full
+    logits (``forward(micro, with_aux=True, loss=True, mask=mask)``).
+
+    ``lm`` is the micro-batch's share of the batch's mean loss: its mean over its predictions
+    divided by ``n_micro``, or with ``mask`` the kept predictions' sum divided by ``count``
+    (the whole batch's number of kept predictions), as :func:`lm_loss` computes them from
+    logits; ``aux`` the auxiliary loss terms the cores added (0 when none did)."""
+    total, aux = forward(micro, with_aux=True, loss=True, mask=mask)
+    if mask is None:
+        return total / (micro.shape[0] * (micro.shape[1] - 1)) / n_micro, aux
+    return total / max(count, 1), aux
 
 
 @torch.no_grad()
@@ -41,15 +60,17 @@ def validation_loss(model: nn.Module, data: Any, n_sequences: int, batch_size: i
                     device: torch.device,
                     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext) -> float:
     """Mean next-token loss over the fixed validation set (the first ``n_sequences`` rows of
-    ``data.val_batches``), in evaluation mode; the model's mode is restored afterwards."""
+    ``data.val_batches``, ``batch_size`` rows a forward), in evaluation mode; the model's mode
+    is restored afterwards. The model sums the loss itself (``model(batch, loss=True)``), so
+    the full logits of a batch never exist."""
     was_training = model.training
     model.eval()
     total, rows = 0.0, 0
     for batch in data.val_batches(n_sequences, batch_size):
         batch = batch.to(device)
         with autocast():
-            loss = lm_loss(model(batch), batch)
-        total += loss.item() * batch.shape[0]
+            loss = model(batch, loss=True) / (batch.shape[1] - 1)  # summed over its rows
+        total += loss.item()
         rows += batch.shape[0]
     model.train(was_training)
     return total / max(rows, 1)

@@ -93,7 +93,7 @@ from modbench.runtime.checkpoint import (
     stop_requested,
 )
 from modbench.runtime.device import compiled, usable_cpus
-from modbench.runtime.loss import lm_loss
+from modbench.runtime.loss import micro_loss
 from modbench.runtime.runfolder import SUMMARY
 from modbench.train.engine import StepValue
 from modbench.train.recompute import stateful_buffers
@@ -330,9 +330,9 @@ class DistributedEngine:
                 if self.parallel == "fsdp":
                     self.sync_buffers()
                 with self.autocast():
-                    logits, aux = self.forward(micro, with_aux=True)
-                    loss = (lm_loss(logits, micro) / self.n_micro if m is None
-                            else lm_loss(logits, micro, m, count) * w)
+                    loss, aux = micro_loss(self.forward, micro, m, count, n_micro=self.n_micro)
+                    if m is not None:
+                        loss = loss * w
                 (loss + aux / self.n_micro).backward()  # aux 0 when no core adds any
             total = total + loss.detach().double()  # in order, as the host would add them
         self._average_replicated()
@@ -437,9 +437,9 @@ class DistributedEngine:
         for i in range(r, slots, w):
             batch = batches[min(i, len(batches) - 1)].to(self.device)
             with self.autocast():
-                loss = lm_loss(model(batch), batch)
+                loss = model(batch, loss=True) / (batch.shape[1] - 1)  # summed over its rows
             if i < len(batches):
-                total += loss.item() * batch.shape[0]
+                total += loss.item()
                 rows += batch.shape[0]
         model.train(was_training)
         total, n = self._sum([total, rows])

@@ -31,7 +31,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from modbench.runtime.device import compiled
-from modbench.runtime.loss import lm_loss, validation_loss
+from modbench.runtime.loss import micro_loss, validation_loss
 
 #: A step's loss or gradient norm as an engine returns it: a tensor still on the device (0-d,
 #: or 1-d holding parts the host sums in order, in float64), so the loop reads a whole window
@@ -98,10 +98,10 @@ class LocalEngine:
                             micro: torch.Tensor, mask: torch.Tensor | None,
                             count: int) -> tuple[torch.Tensor, torch.Tensor]:
                 """(the micro-batch's share of the objective, of the LM loss)"""
-                logits, aux = functional_call(base, (params, buffers), (micro,),
-                                              {"with_aux": True})
-                loss = (lm_loss(logits, micro) / self.n_micro if mask is None
-                        else lm_loss(logits, micro, mask, count))
+                def forward(micro: torch.Tensor, **kwargs: Any) -> Any:
+                    return functional_call(base, (params, buffers), (micro,), kwargs)
+
+                loss, aux = micro_loss(forward, micro, mask, count, n_micro=self.n_micro)
                 return loss + aux / self.n_micro, loss
 
             stacked = vmap(member_loss, in_dims=(0, 0, None, None, None))
@@ -134,9 +134,7 @@ class LocalEngine:
             parts = []
             for micro, m in zip(micros, masks, strict=True):
                 with self.autocast():
-                    logits, aux = self.forward(micro, with_aux=True)
-                    loss = (lm_loss(logits, micro) / self.n_micro if m is None
-                            else lm_loss(logits, micro, m, count))
+                    loss, aux = micro_loss(self.forward, micro, m, count, n_micro=self.n_micro)
                 (loss + aux / self.n_micro).backward()  # aux 0 when no core adds any
                 parts.append(loss.detach())
             return [torch.stack(parts)]  # summed on the host, in order

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from modbench.errors import ModbenchError
+from modbench.model.head import cross_entropy_sum, next_token_targets
 from modbench.runtime.loss import lm_loss
 from modbench.train.remove_norm import (
     DIAGNOSTICS_DIR,
@@ -92,8 +93,14 @@ class LogitsOf(nn.Module):
         super().__init__()
         self.hf = hf
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.hf(input_ids=idx, use_cache=False).logits
+    def forward(self, idx: torch.Tensor, *, loss: bool = False) -> torch.Tensor:
+        """Logits, or with ``loss`` their summed next-token cross-entropy (as a modbench
+        model's ``forward(idx, loss=True)``, which validation takes)."""
+        logits = self.hf(input_ids=idx, use_cache=False).logits
+        if not loss:
+            return logits
+        return cross_entropy_sum(nn.Identity(), logits, next_token_targets(idx),
+                                 logits.shape[-1], chunk_bytes=logits.numel() * 4)
 
 
 class SplitQKV(nn.Module):
