@@ -140,3 +140,31 @@ def test_steady_throughput_leaves_out_the_first_window() -> None:
     # 16 steps: 8 at 100 tok/s and 8 at 300 tok/s (per step's tokens): 16 / (8/100 + 8/300)
     assert ga.steady_tokens_per_s(records, 16) == pytest.approx(16 / (8 / 100 + 8 / 300))
     assert ga.steady_tokens_per_s(records[:16], 16) is None
+
+
+def test_test_counts_come_from_pytest_and_a_cut_run_keeps_what_finished(tmp_path: Path) -> None:
+    ga = load_script()
+    suite = tmp_path / "test_sample.py"
+    suite.write_text("import time\n\nimport pytest\n\n\ndef test_ok():\n    pass\n\n\n"
+                     "def test_bad():\n    assert False\n\n\n"
+                     "@pytest.mark.skip(reason='x')\ndef test_skip():\n    pass\n\n\n"
+                     "def test_slow():\n    time.sleep(300)\n")
+    run = ga.Run("cpu", tmp_path / "t.json", 60.0, tmp_path)
+    run.size = {**run.size, "tests": [str(suite)]}
+    got = ga.s_tests(run, 30.0)
+    assert got["cut"] is True and got["exit_code"] is None and "cut at" in got["note"]
+    assert got["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "error": 0}
+    assert [name.rsplit("::", 1)[-1] for name in got["failed"]] == ["test_bad"]
+
+
+def test_one_gpu_skips_the_two_process_run(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    import torch
+
+    ga = load_script()
+    run = ga.Run("cpu", tmp_path / "n.json", 60.0, tmp_path)
+    assert ga.s_nccl(run, 30.0)["status"] == "skipped"  # the dry path
+    run.cuda = True
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    got = ga.s_nccl(run, 30.0)
+    assert got["status"] == "skipped" and "needs 2" in got["reason"]

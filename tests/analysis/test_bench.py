@@ -156,6 +156,12 @@ def test_the_micro_batch_on_cuda_is_the_memory_plans(monkeypatch: pytest.MonkeyP
         assert device.memory_bytes == pytest.approx(h100.memory_bytes - 12 * other, abs=1)
 
 
+def test_the_trainers_timed_steps_are_whole_read_back_windows_on_cuda() -> None:
+    with pytest.raises(ModbenchError, match="multiple of 16"):  # refused before any work
+        bench.trainer_step("tiny", "baseline", 4, 64, torch.device("cuda"), dtype="bf16",
+                           compile=True, steps=20)
+
+
 def test_log_lines_are_timed_by_when_they_were_whole_on_disk() -> None:
     a, b = json.dumps({"kind": "train", "step": 1}) + "\n", json.dumps({"kind": "val"}) + "\n"
     half = len(a) + 3  # the second line half written at t=2
