@@ -537,12 +537,9 @@ def s_memory_plan(run: Run, allot: float) -> dict[str, Any]:
 
 
 def s_climb(run: Run, allot: float) -> dict[str, Any]:
-    import torch
 
     from modbench.analysis.bench import bench_data
-    from modbench.analysis.flops import flop_report
     from modbench.config import resolve
-    from modbench.runtime.gpus import peak_tflops
 
     size = run.size
     preset = size["climb_preset"]
@@ -559,10 +556,13 @@ def s_climb(run: Run, allot: float) -> dict[str, Any]:
             "--set", f"train.device={run.device}"]
     deadline = time.monotonic() + allot
     micro: dict[str, Any] = {"setting": "auto"}
-    got = child("train", {"device": run.device, "args": [
-        *base, "--out", str(out_dir / "auto"), "--set", "train.micro_batch_size=auto"]},
-        deadline - time.monotonic(), run.work)
     folder = out_dir / "auto"
+    try:
+        got = child("train", {"device": run.device, "args": [
+            *base, "--out", str(folder), "--set", "train.micro_batch_size=auto"]},
+            deadline - time.monotonic(), run.work)
+    except Cut as e:  # what the killed run logged is still worth keeping
+        return {"status": "cut", "error": str(e), **_climb_partial(folder, cfg, run)}
     if got["rc"] == 2 and "micro_batch_size" in (got["error"] or ""):
         plan = plan_one(preset, "baseline", device_spec(run.device))
         rows = max(r for r in range(1, batch + 1) if batch % r == 0 and r <= plan["micro_batch"])
@@ -575,27 +575,43 @@ def s_climb(run: Run, allot: float) -> dict[str, Any]:
             deadline - time.monotonic(), run.work)
     if got["rc"] != 0:
         raise RuntimeError(f"modbench train exited {got['rc']}: {got['error']}")
-    records = [json.loads(ln) for ln in (folder / "metrics.jsonl").read_text().splitlines()
-               if ln.strip()]
+    partial = _climb_partial(folder, cfg, run)
     summary = json.loads((folder / "summary.json").read_text())
+    shutil.rmtree(out_dir, ignore_errors=True)  # its checkpoint: 15 GB at climb-1.2b
+    return {"preset": preset, "steps": steps, "batch": [batch, cfg.train.seq_len],
+            "micro_batch": {**micro, "chosen": summary.get("micro_batch_size")},
+            **partial, "tokens_per_s_run": summary.get("tokens_per_s"),
+            "peak_memory_gib": gib(got["max_memory_allocated"]),
+            "reserved_memory_gib": gib(got["max_memory_reserved"]),
+            "run_status": summary.get("status"), "child_s": got["child_s"],
+            "note": (f"batch {batch}, not the preset's {cfg.train.batch_size}, to fit the "
+                     "lease: the optimizer step is shared by fewer micro-batches, so the MFU "
+                     "is a little below a real run's. " if batch != cfg.train.batch_size
+                     else "") + "tokens_per_s_steady: the trainer's own window times after "
+                    "its first read-back window (compilation); tokens_per_s_run: "
+                    "summary.json, compilation included"}
+
+
+def _climb_partial(folder: Path, cfg: Any, run: Run) -> dict[str, Any]:
+    """Steady throughput and MFU from what a run logged so far (a run cut midway too)."""
+    import torch
+
+    from modbench.analysis.flops import flop_report
+    from modbench.runtime.gpus import peak_tflops
+
+    path = folder / "metrics.jsonl"
+    records = ([json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+               if path.is_file() else [])
     window = 16 if run.cuda else 1
     steady = steady_tokens_per_s(records, window)
     fpt = flop_report(cfg.model, cfg.train.seq_len).train_flops_per_token
     peak = peak_tflops(torch.device(run.device)) if run.cuda else None
-    shutil.rmtree(out_dir, ignore_errors=True)  # its checkpoint: 15 GB at climb-1.2b
-    return {"preset": preset, "steps": steps, "batch": [batch, cfg.train.seq_len],
-            "micro_batch": {**micro, "chosen": summary.get("micro_batch_size")},
-            "tokens_per_s_steady": steady, "steady_steps": max(0, steps - window),
-            "tokens_per_s_run": summary.get("tokens_per_s"),
+    train = [r for r in records if r.get("kind") == "train"]
+    return {"tokens_per_s_steady": steady,
+            "steady_steps": sum(1 for r in train if r["step"] > window),
+            "steps_logged": len(train),
             "mfu": (steady * fpt / (peak * 1e12)) if steady and peak else None,
-            "peak_memory_gib": gib(got["max_memory_allocated"]),
-            "reserved_memory_gib": gib(got["max_memory_reserved"]),
-            "run_status": summary.get("status"), "final_loss": next(
-                (r["loss"] for r in reversed(records) if r.get("kind") == "train"), None),
-            "child_s": got["child_s"],
-            "note": "tokens_per_s_steady: the trainer's own window times after its first "
-                    "read-back window (compilation); tokens_per_s_run: summary.json, "
-                    "compilation included"}
+            "final_loss": train[-1]["loss"] if train else None}
 
 
 def s_llama_350m(run: Run, allot: float) -> dict[str, Any]:
