@@ -302,6 +302,10 @@ def plan_command(
     for mp, note in plans:
         if note:
             typer.echo(f"{mp.preset} {mp.method}: {note}")
+        if mp.estimated:
+            typer.echo(f"{mp.preset} {mp.method}: activations, loss and eval estimated (the "
+                       f"baseline's times the method's ratio at tiny): its forward reads "
+                       f"tensor values ({mp.estimated})")
 
 
 @app.command()

@@ -83,6 +83,18 @@ def test_activations_extrapolated_from_two_micro_batches_equal_a_direct_trace(
     assert direct.activations > 2 * tracer.trace(1).activations
 
 
+def test_a_forward_that_reads_tensor_values_is_estimated_from_the_baseline() -> None:
+    # PowerNorm reads its update count (.item()): no fake trace; the baseline's terms at this
+    # shape times PowerNorm's ratio to the baseline on real tensors at tiny
+    cfg = resolve("tiny", method="powernorm")
+    mp = plan_memory(cfg, device=lookup("cpu"), micro_batch=4)
+    base = plan_memory(resolve("tiny"), device=lookup("cpu"), micro_batch=4)
+    assert "DataDependent" in mp.estimated and base.estimated == ""
+    assert mp.terms["activations"] > 0 and mp.terms["loss"] > 0
+    assert mp.peak_bytes == sum(mp.terms.values())
+    assert 0.5 < mp.terms["activations"] / base.terms["activations"] < 3
+
+
 def test_auto_chooses_the_largest_divisor_that_fits() -> None:
     cfg = resolve("tiny")  # batch 8: divisors 8, 4, 2, 1
     cpu = lookup("cpu")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -105,6 +106,9 @@ class MemoryPlan:
     host_bytes: int = 0  # host memory of the run's processes on one node
     params: int = 0
     precision: str = "bf16"  # of the traced forward: bf16 (autocast) or fp32
+    # empty where activations, loss and eval were traced at this shape; else why they are
+    # the baseline's scaled by the method's ratio at the tiny preset (_Tracer._estimate)
+    estimated: str = ""
 
     def largest_term(self) -> str:
         """The name of the biggest term."""
@@ -202,6 +206,7 @@ class _Tracer:
         self.seq_len = run.train.seq_len
         self.chunk = _chunk_tokens(p.cfg.vocab_size)
         self._cache: dict[int, _Step] = {}
+        self.estimated = ""  # why the terms are estimated, not traced (see _estimate)
 
     def points(self, b: int) -> tuple[int, ...]:
         """The micro-batches whose traces give micro-batch ``b``'s: two on its side of the
@@ -229,69 +234,111 @@ class _Tracer:
             self._cache[b] = self._trace(b)
         return self._cache[b]
 
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        if self.bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                yield
-        else:
-            yield
-
-    def _model(self) -> Transformer:
-        model = Transformer(self.p.cfg, self.p.spec)
-        model.init_weights()
-        for m in self.p.methods:
-            m.post_init(model)
-        model.methods = self.p.methods  # type: ignore[assignment]
-        return model
-
     def _trace(self, b: int) -> _Step:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        vocab, t = self.p.cfg.vocab_size, self.seq_len
         try:
             with FakeTensorMode(), torch.random.fork_rng(devices=[]):
-                model = self._model()
-                if self.checkpointing is not None:
-                    self.checkpointing(model, self.p.method)
-                model.train()
-                params = [q for q in model.parameters() if q.requires_grad]
-                for q in params:  # a later micro-batch's state: gradients exist already
-                    q.grad = torch.zeros_like(q)
-                idx = torch.randint(0, vocab, (b, t))
-                meter = LiveBytes()
-                base = meter.hold([*model.parameters(), *model.buffers(),
-                                   *(q.grad for q in params if q.grad is not None)])
-                at_head: list[int] = []
-                hook = model.final_norm.register_forward_hook(
-                    lambda *_: at_head.append(meter.mark()))
-                with meter:
-                    with self._autocast():
-                        lm, aux = _train_loss(model, idx)
-                    head_peak = meter.sub_peak()
-                    (lm + aux).backward()
-                    del lm, aux
-                hook.remove()
-                step_peak = meter.peak - base
-                loss = max(0, head_peak - at_head[-1]) if at_head else 0
-                # validation (the summed loss) and probe scoring (logits), no gradients
-                for q in params:
-                    q.grad = None
-                model.eval()
-                ev = LiveBytes()
-                ev_base = ev.hold([*model.parameters(), *model.buffers()])
-                with ev, torch.no_grad(), self._autocast():
-                    _eval_loss(model, idx)
-                    model(idx)
-                eval_peak = ev.peak - ev_base
+                model = _fresh_model(self.p, fake=True)
+                idx = torch.randint(0, self.p.cfg.vocab_size, (b, self.seq_len))
+                return _measure(model, idx, self.p.method, self.bf16, self.checkpointing)
         except ModbenchError:
             raise
         except Exception as e:  # a forward that reads tensor values cannot run on fakes
+            first = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}" if str(e) else ""
+            return self._estimate(b, first)
+
+    def _estimate(self, b: int, why: str) -> _Step:
+        """A method whose forward reads tensor values (``.item()``, data-dependent shapes:
+        PowerNorm's update count, MoE's expert split) cannot run on fake tensors. Its terms
+        are then the baseline's, traced at this shape, times the method's ratio to the
+        baseline measured on real tensors at the ``tiny`` preset's shape (kilobytes)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from modbench.config import resolve
+        from modbench.methods.build import plan as plan_model
+
+        base_cfg = copy.deepcopy(self.p.cfg)
+        base_cfg.method = "baseline"
+        base_plan = plan_model(base_cfg)
+        try:
+            with FakeTensorMode(), torch.random.fork_rng(devices=[]):
+                model = _fresh_model(base_plan, fake=True)
+                idx = torch.randint(0, base_cfg.vocab_size, (b, self.seq_len))
+                base = _measure(model, idx, "baseline", self.bf16, self.checkpointing)
+            small = []
+            for method in (self.p.method, "baseline"):
+                tiny = plan_model(resolve("tiny", method=method).model)
+                gen = torch.Generator().manual_seed(0)
+                idx = torch.randint(0, tiny.cfg.vocab_size, (2, tiny.cfg.max_seq_len),
+                                    generator=gen)
+                small.append(_measure(tiny.build(0, "cpu"), idx, method, self.bf16,
+                                      self.checkpointing))
+        except ModbenchError:
+            raise
+        except Exception as e:
             raise ModbenchError(
                 f"cannot plan the memory of method '{self.p.method}': its forward could not be "
-                f"traced without memory ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                "give train.micro_batch_size as a number") from None
-        return _Step(step_peak - loss, loss, eval_peak)
+                f"traced without memory ({why}) nor estimated ({type(e).__name__}); give "
+                "train.micro_batch_size as a number") from None
+        self.estimated = why or "estimated"
+
+        def scale(x: int, m: int, ref: int) -> int:
+            return int(x * m / ref) if ref > 0 else x
+
+        return _Step(scale(base.activations, small[0].activations, small[1].activations),
+                     scale(base.loss, small[0].loss, small[1].loss),
+                     scale(base.eval, small[0].eval, small[1].eval))
+
+
+def _fresh_model(p: Plan, fake: bool) -> Transformer:
+    """The plan's model, initialised as :meth:`Plan.build` does, without moving it (a fake
+    model cannot be moved: FakeTensorMode refuses to swap a parameter)."""
+    model = Transformer(p.cfg, p.spec)
+    model.init_weights()
+    for m in p.methods:
+        m.post_init(model)
+    model.methods = p.methods  # type: ignore[assignment]
+    return model
+
+
+def _measure(model: Transformer, idx: torch.Tensor, method: str, bf16: bool,
+             checkpointing: Checkpointing | None) -> _Step:
+    """One training step's transient bytes above the resident state (the weights, buffers
+    and, as from a run's second micro-batch, the gradients), split at the final norm into
+    the body's and the loss head's; then validation's and probe scoring's, without
+    gradients (a step's gradients are freed by then)."""
+    if checkpointing is not None:
+        checkpointing(model, method)
+    model.train()
+    params = [q for q in model.parameters() if q.requires_grad]
+    for q in params:  # a later micro-batch's state: gradients exist already
+        q.grad = torch.zeros_like(q)
+    autocast = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext)
+    meter = LiveBytes()
+    base = meter.hold([*model.parameters(), *model.buffers(),
+                       *(q.grad for q in params if q.grad is not None)])
+    at_head: list[int] = []
+    hook = model.final_norm.register_forward_hook(lambda *_: at_head.append(meter.mark()))
+    with meter:
+        with autocast():
+            lm, aux = _train_loss(model, idx)
+        head_peak = meter.sub_peak()
+        (lm + aux).backward()
+        del lm, aux
+    hook.remove()
+    step_peak = meter.peak - base
+    loss = max(0, head_peak - at_head[-1]) if at_head else 0
+    for q in params:
+        q.grad = None
+    model.eval()
+    ev = LiveBytes()
+    ev_base = ev.hold([*model.parameters(), *model.buffers()])
+    with ev, torch.no_grad(), autocast():
+        _eval_loss(model, idx)  # validation: the summed loss
+        model(idx)  # probe scoring: logits
+    return _Step(step_peak - loss, loss, ev.peak - ev_base)
 
 
 def _train_loss(model: Transformer, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -446,7 +493,8 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
         activation_checkpointing=run.train.activation_checkpointing, peak_bytes=peak,
         fits=peak <= usable, terms=terms, usable_bytes=usable,
         host_bytes=_host_bytes(ctx.weights, ctx.optimizer, nproc), params=ctx.params,
-        precision="bf16" if ctx.bf16 else "fp32", device_type=ctx.device_type)
+        precision="bf16" if ctx.bf16 else "fp32", device_type=ctx.device_type,
+        estimated=ctx.tracer.estimated)
 
 
 def _device_type(cfg: RunConfig, device: Accelerator | int, device_type: str | None) -> str:
