@@ -71,9 +71,14 @@ from modbench.methods.build import plan
 from modbench.model.attention import ExplicitKernel
 from modbench.runtime import loss as loss_mod
 from modbench.runtime.device import fused_kernel
-from modbench.runtime.gpus import detect, device_memory_bytes, peak_tflops
+from modbench.runtime.gpus import detect, device_memory_bytes, lookup, peak_tflops
 from modbench.runtime.loss import lm_loss
 
+# The dense bf16 peaks (TFLOP/s) by the short names ``modbench study run --gpu-type`` takes
+# (modbench.study.plan), from the catalogue of exact models (modbench.runtime.gpus: the SXM
+# parts); MFU here divides by the detected model's own peak (peak_tflops), not by these.
+PEAK_BF16_TFLOPS = {name: lookup(key).peak_bf16_tflops for name, key in (
+    ("H100", "h100-80gb"), ("H200", "h200"), ("A100", "a100-80gb"), ("B200", "b200"))}
 # The shapes of the Hugging Face comparison, and the batch each runs on the CPU (the presets'
 # own batches of 512 rows are GPU batches): rows x tokens.
 HF_PRESETS = ("cpu-small", "llama-60m")
