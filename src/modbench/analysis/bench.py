@@ -433,7 +433,7 @@ def method_overhead(methods: Iterable[str], preset: str, device: torch.device, *
     """Each method's median step time over the baseline's, interleaved, at ``preset``;
     the aim is 1.15x for fused-attention methods and 2x for explicit-score ones."""
     names = list(dict.fromkeys(["baseline", *methods]))
-    rows, seq = batch or table_batch(preset, device)
+    rows, seq = batch or table_batch(preset, device, methods=names)[:2]
     cases = [modbench_case(m, preset, rows, seq, device, dtype=dtype, compile=compile,
                            seed=seed) for m in names]
     interleave(cases, rounds, steps, seed=seed, progress=progress, desc=f"methods, {preset}")
