@@ -6,6 +6,10 @@ prepared script in a single short lease (issues 27 and 28)::
     python benchmarks/gpu_acceptance.py --device cuda --out acceptance.json   # on a GPU
     python benchmarks/gpu_acceptance.py --device cpu --out dry.json           # the dry path
 
+Run it from the repository root with modbench importable (installed, or ``PYTHONPATH=src``)
+and pytest installed; every child process inherits the environment. Nothing is downloaded:
+the trainer sections train on the built-in corpus (``modbench.analysis.bench.bench_data``).
+
 Sections, in this order, each guarded (a failing one records its error and the script goes
 on) and the JSON rewritten after each, so a partial run leaves what it measured:
 
