@@ -386,9 +386,16 @@ def diagnose(
 
     Example: modbench diagnose runs/t --batches 8 --out runs/t/diagnostics
     """
-    from modbench.report.diagnostics import diagnose as run_diagnose
+    from pathlib import Path
 
-    d = run_diagnose(run_dir, batches=batches, out=out, threads=threads, progress=progress)
+    from modbench.eval.run import check_run_folder
+    from modbench.report.diagnostics import DIAGNOSTICS_DIR
+    from modbench.report.diagnostics import diagnose as run_diagnose
+    from modbench.runtime.lock import FolderLock
+
+    check_run_folder(Path(run_dir))
+    with FolderLock(out or Path(run_dir) / DIAGNOSTICS_DIR, "modbench diagnose"):
+        d = run_diagnose(run_dir, batches=batches, out=out, threads=threads, progress=progress)
     r = d.result
     typer.echo(f"run:        {run_dir} (step {r['step']}, {r['method']})")
     typer.echo(f"validation: loss {r['validation_loss']:.4f} on {r['sequences']} sequences")
@@ -445,12 +452,14 @@ def remove_norm(
     """
     from pathlib import Path
 
+    from modbench.runtime.lock import FolderLock
     from modbench.train.remove_norm import remove_norm as run_remove_norm
 
-    o = run_remove_norm(source, out, steps=steps, batch_size=batch_size, lr=lr,
-                        aux_weight=aux_weight, diagnostics_batches=diagnostics_batches,
-                        control=control, data=data, seq_len=seq_len,
-                        val_sequences=val_sequences, device=device, progress=progress)
+    with FolderLock(out, "modbench remove-norm", beside=True):  # one writer of --out
+        o = run_remove_norm(source, out, steps=steps, batch_size=batch_size, lr=lr,
+                            aux_weight=aux_weight, diagnostics_batches=diagnostics_batches,
+                            control=control, data=data, seq_len=seq_len,
+                            val_sequences=val_sequences, device=device, progress=progress)
     if o.kind == "modbench" and diagnostics_batches > 0:
         import json
 

@@ -72,6 +72,7 @@ from modbench.runtime.checkpoint import (
 )
 from modbench.runtime.data import Prefetcher, open_data_in_group
 from modbench.runtime.device import autocast_for, resolve_device
+from modbench.runtime.lock import LOCK_NAME, FolderLock
 from modbench.runtime.loss import finite_or_none, perplexity
 from modbench.runtime.runfolder import (
     CHECKPOINT,
@@ -240,30 +241,44 @@ class Trainer:
         if self.world.main:  # trackers (train.trackers) last: they send what the others add
             for m in self.members:
                 m.callbacks += make_trackers(m.cfg, m.out)
-        # 2. the run folders (and the initial weights of a fresh start)
-        for m in self.members:
-            self._check_out_dir(m)
-        self.init_checkpoint = (None if resume or tc.init_from is None
-                                else init_checkpoint(tc.init_from))
-        self.device = rank_device(resolve_device(tc.device), self.world)
-        self.world.init(self.device, tc.dist_timeout)
-        # 3. data (missing, corrupt, wrong vocabulary, wrong packing); in a group rank 0
-        # prepares the built-in corpus, one process per node hashes the shards, and every
-        # process refuses damaged data in the same line (runtime.data.open_data_in_group)
+        # 2. the run folders (and the initial weights of a fresh start); rank 0 holds each
+        # folder's lock (runtime.lock: one writer per run folder) until the run ends
+        self.locks = ([FolderLock(m.out, "modbench train") for m in self.members]
+                      if self.world.main else [])
         try:
-            self.data = open_data_in_group(
-                self.cfg, progress and self.world.main, rank=self.world.rank,
-                local_rank=self.world.local_rank, size=self.world.size)
-        except BaseException as e:
-            failed = collective_failure(e, self.world, tc.dist_timeout)
-            if failed is not None:
-                raise failed from None
+            for lock in self.locks:
+                lock.acquire()
+            for m in self.members:
+                self._check_out_dir(m)
+            self.init_checkpoint = (None if resume or tc.init_from is None
+                                    else init_checkpoint(tc.init_from))
+            self.device = rank_device(resolve_device(tc.device), self.world)
+            self.world.init(self.device, tc.dist_timeout)
+            # 3. data (missing, corrupt, wrong vocabulary, wrong packing); in a group rank 0
+            # prepares the built-in corpus, one process per node hashes the shards, and every
+            # process refuses damaged data in the same line (runtime.data.open_data_in_group)
+            try:
+                self.data = open_data_in_group(
+                    self.cfg, progress and self.world.main, rank=self.world.rank,
+                    local_rank=self.world.local_rank, size=self.world.size)
+            except BaseException as e:
+                failed = collective_failure(e, self.world, tc.dist_timeout)
+                if failed is not None:
+                    raise failed from None
+                raise
+        except BaseException:
+            self.release_locks()
             raise
         self.out, self.step = self.members[0].out, 0
         # steps between two reads of the losses back from the device: every step on the CPU
         # (nothing runs ahead there), a window on an accelerator so the host queues work
         # without waiting; a member that diverges within a window is caught at its end
         self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
+
+    def release_locks(self) -> None:
+        """Let other writers at the run folders (done at the end of :meth:`run_all`)."""
+        for lock in self.locks:
+            lock.release()
 
     @property
     def model(self) -> nn.Module:
@@ -297,6 +312,7 @@ class Trainer:
         except BaseException as e:
             signals.close()
             self.world.end()
+            self.release_locks()
             failed = self._group_error(e)
             if failed is not None:
                 raise failed from None
@@ -375,6 +391,7 @@ class Trainer:
                 if hasattr(m, "log"):
                     m.log.close()
             self.world.end()
+            self.release_locks()
             signals.close()  # last: a signal the run did not act on is raised again here
         return summaries
 
@@ -510,7 +527,7 @@ class Trainer:
         self.micro_batch = self._micro_batch()
         ckpts = _resume_points(self.members) if self.resume else {}
         self.world.barrier()  # every process has read the folders before rank 0 writes
-        created = [m.out for m in self.members if not m.out.exists()] if self.world.main else []
+        created = [lock.folder for lock in self.locks if lock.created]  # rank 0's
         try:
             models = [self.plan.build(m.cfg.seed, self.device) for m in self.members]
             init_from = {m.index: load_initial_weights(models[m.index], self.plan.methods,
@@ -700,7 +717,7 @@ class Trainer:
                     f"cannot resume {m.out}: the config differs from its config.yaml in "
                     f"{', '.join(diff)}; repeat the original command with --resume"
                 )
-        elif m.out.exists() and any(m.out.iterdir()):
+        elif m.out.exists() and any(p.name != LOCK_NAME for p in m.out.iterdir()):
             raise ModbenchError(
                 f"run folder {m.out} already exists and is not empty; use --resume to "
                 "continue it or choose another --out"
