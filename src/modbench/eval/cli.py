@@ -24,6 +24,9 @@ def eval_command(
     list_suites: Annotated[bool, typer.Option(
         "--list-suites", help="List the named task suites and exit.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    trust_task_code: Annotated[bool, typer.Option(
+        "--trust-task-code", help="Allow task YAML files (and what they include) to run "
+        "Python (`!function`, an included .py); only for task files you trust.")] = False,
 ) -> None:
     """Evaluate a trained run: validation loss; with --probes the offline capability probes;
     with --tasks lm-evaluation-harness tasks, in process. Writes RUN_DIR/eval.json with
@@ -40,10 +43,15 @@ def eval_command(
         return
     if run_dir is None:
         raise ModbenchError("give a run folder, e.g. `modbench eval runs/t --probes`")
-    from modbench.eval.run import evaluate_run
+    from modbench.eval.harness import check_task_files, expand_tasks, trusting_task_code
+    from modbench.eval.run import check_run_folder, evaluate_run
+    from modbench.runtime.lock import FolderLock
 
-    r = evaluate_run(run_dir, probes=probes, tasks=tasks, limit=limit, batch_size=batch_size,
-                     num_fewshot=num_fewshot, progress=progress)
+    check_run_folder(run_dir)  # before the lock: it must not create a missing folder
+    check_task_files(expand_tasks(tasks or [])[1], trust_task_code)  # before any work
+    with FolderLock(run_dir, "modbench eval"), trusting_task_code(trust_task_code):
+        r = evaluate_run(run_dir, probes=probes, tasks=tasks, limit=limit,
+                         batch_size=batch_size, num_fewshot=num_fewshot, progress=progress)
     v = r["validation"]
     typer.echo(f"run:        {run_dir} (step {r['step']})")
     if v["loss"] is not None:
@@ -82,10 +90,12 @@ def export_command(
     Example: modbench export runs/t --hf exported/t --push-to-hub alice/modbench-t
     """
     from modbench.eval.export import check_push, export_hf
+    from modbench.runtime.lock import FolderLock
 
     if push_to_hub is not None:
         check_push(push_to_hub)  # before any work: huggingface_hub, the repo id, a token
-    out = export_hf(run_dir, hf, repo_id=push_to_hub)
+    with FolderLock(hf, "modbench export", beside=True):  # one writer of the --hf folder
+        out = export_hf(run_dir, hf, repo_id=push_to_hub)
     typer.echo(f"wrote {out}")
     where = push_to_hub or str(out)
     if push_to_hub is not None:

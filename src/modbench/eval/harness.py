@@ -8,16 +8,28 @@ checkpoint evaluated with ``lm_eval --model hf``.
 Suites: ``climb12`` is the twelve tasks of seeds/002_* §3.4 at the harness's default few-shot
 settings; ``climb_avg`` is their unweighted macro-average (per task: ``acc_norm`` where the
 harness reports it, else ``acc``; LAMBADA ``acc``; TruthfulQA-MC2 ``acc``).
+
+The trust boundary (docs/reliability.md): a local task YAML can make the harness import
+Python (a ``!function`` tag, an ``include:`` of a ``.py`` file, a dataset loaded with
+``trust_remote_code``), and the harness loads any YAML in the named file's folder by task
+name. :func:`check_task_files` reads the named files, everything they include and every YAML
+in their folders without constructing a tag, and refuses code unless the user trusts it
+(``modbench eval --trust-task-code``, a study's ``evaluation.trust_task_code: true``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 from modbench.errors import ModbenchError
 
@@ -150,6 +162,146 @@ def make_adapter(model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 8,
     return ModbenchLM()
 
 
+_TRUST_TASK_CODE = contextvars.ContextVar("modbench_trust_task_code", default=False)
+_SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints", ".git"}
+MAX_TASK_YAMLS = 2000  # YAML files read in the task files' folders
+
+
+@contextlib.contextmanager
+def trusting_task_code(trust: bool) -> Iterator[None]:
+    """Within this block, :func:`run_tasks` lets task files run Python when ``trust``."""
+    token = _TRUST_TASK_CODE.set(bool(trust))
+    try:
+        yield
+    finally:
+        _TRUST_TASK_CODE.reset(token)
+
+
+class _Tagged:
+    """A value under a tag the harness would act on (``!function``, a Python tag)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+class _InertLoader(yaml.SafeLoader):
+    """Safe YAML that turns any unknown tag into :class:`_Tagged` instead of failing."""
+
+
+def _tagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> _Tagged:
+    return _Tagged(node.tag)
+
+
+_InertLoader.add_multi_constructor("!", _tagged)
+_InertLoader.add_multi_constructor("tag:", _tagged)
+
+
+def read_task_yaml(path: Path) -> Any:
+    """A task YAML as data, its tags inert (one-line errors for unreadable or bad YAML)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModbenchError(f"cannot read task file {path} ({e}); pass a readable YAML "
+                            "file") from None
+    try:
+        loader = _InertLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None and _nodes(node) > 100_000:
+                raise ModbenchError(f"task file {path} is too large once its aliases are "
+                                    "expanded; write it without nested aliases")
+            return loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ModbenchError(f"task file {path} is not valid YAML{line}: "
+                            f"{getattr(e, 'problem', None) or e}; fix the file") from None
+
+
+def _nodes(node: yaml.Node, limit: int = 100_001) -> int:
+    """Nodes of a composed document counting each alias use again (an alias bomb is huge)."""
+    count, stack = 0, [node]
+    while stack and count < limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack += [k, v]
+    return count
+
+
+def _code_in(data: Any) -> str | None:
+    """What in a task file's data would run Python (None: nothing)."""
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, _Tagged):
+            return f"a {x.tag} tag"
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "trust_remote_code" and v not in (False, None):
+                    return "trust_remote_code"
+                stack += [k, v]
+        elif isinstance(x, list):
+            stack += x
+    return None
+
+
+def _includes(data: Any, path: Path) -> list[Path]:
+    inc = data.get("include") if isinstance(data, dict) else None
+    items = inc if isinstance(inc, list) else [] if inc is None else [inc]
+    return [path.parent / str(i) if not Path(str(i)).is_absolute() else Path(str(i))
+            for i in items]
+
+
+def _task_yamls(folder: Path) -> Iterator[Path]:
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        for n in sorted(names):
+            if n.endswith((".yaml", ".yml")):
+                yield Path(root) / n
+
+
+def check_task_files(files: list[str], trust: bool) -> None:
+    """Refuse, in one line, task files that would run Python unless ``trust``: a tag such as
+    ``!function``, ``trust_remote_code``, an include of anything but a YAML file, in the
+    named files, what they include (recursively) and every YAML in their folders (which the
+    harness indexes and may load by name). Malformed files are refused either way."""
+    todo = [Path(f) for f in files]
+    todo += [y for folder in sorted({Path(f).resolve().parent for f in files})
+             for y in _task_yamls(folder)]
+    if len(todo) > MAX_TASK_YAMLS:
+        raise ModbenchError(f"the folders of the task files hold more than {MAX_TASK_YAMLS} "
+                            "YAML files; put your task files in a folder of their own")
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        real = path.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        if not real.name.endswith((".yaml", ".yml")):
+            if trust:
+                continue  # the user vouches for it; the harness reads it as it will
+            raise ModbenchError(f"task file {path} is included but is not YAML (it may be "
+                                "code); pass --trust-task-code (a study: "
+                                "evaluation.trust_task_code: true) if you trust it")
+        if not real.is_file():
+            raise ModbenchError(f"task file {path} does not exist (included by a task "
+                                "file); fix the include: line")
+        data = read_task_yaml(real)
+        what = _code_in(data)
+        if what is not None and not trust:
+            raise ModbenchError(f"task file {path} would run Python ({what}); pass "
+                                "--trust-task-code (a study: evaluation.trust_task_code: "
+                                "true) only if you trust it and its folder")
+        todo += _includes(data, real)
+
+
 def expand_tasks(names: list[str]) -> tuple[list[str], list[str]]:
     """Split ``--tasks`` values into harness task names and YAML files (suites expanded)."""
     tasks, files = [], []
@@ -175,8 +327,10 @@ def primary_metric(metrics: dict[str, Any]) -> tuple[str | None, float | None]:
 
 
 def run_tasks(lm: Any, names: list[str], *, limit: int | None = None,
-              num_fewshot: int | None = None) -> dict[str, Any]:
-    """Run harness tasks (names, suites or local YAML files) through ``lm``.
+              num_fewshot: int | None = None, trust_code: bool | None = None) -> dict[str, Any]:
+    """Run harness tasks (names, suites or local YAML files) through ``lm``. Task files that
+    would run Python are refused unless ``trust_code`` (None: as :func:`trusting_task_code`
+    says; :func:`check_task_files`).
 
     Returns ``{task: {"metrics": {...}, "n": items, "items": [per-item results]}}`` plus
     ``climb_avg`` when the whole ``climb12`` suite ran.
@@ -185,14 +339,13 @@ def run_tasks(lm: Any, names: list[str], *, limit: int | None = None,
     from lm_eval.tasks import TaskManager
 
     tasks, files = expand_tasks(names)
+    check_task_files(files, _TRUST_TASK_CODE.get() if trust_code is None else trust_code)
     include = sorted({str(Path(f).resolve().parent) for f in files})
     manager = TaskManager(include_path=include or None)
     for f in files:
-        import yaml
-
-        spec = yaml.safe_load(Path(f).read_text()) or {}
-        if "task" not in spec:
-            raise ModbenchError(f"task file {f} has no 'task:' name")
+        spec = read_task_yaml(Path(f))
+        if not isinstance(spec, dict) or "task" not in spec:
+            raise ModbenchError(f"task file {f} has no 'task:' name; add one")
         tasks.append(str(spec["task"]))
     res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
                                   num_fewshot=num_fewshot, log_samples=True,

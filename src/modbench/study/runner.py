@@ -197,9 +197,12 @@ def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
             if eval_file.is_file():
                 evaluation = json.loads(eval_file.read_text())
             else:
-                evaluation = evaluate_run(m.run, probes=bool(ev.get("probes")),
-                                          tasks=list(ev.get("tasks") or []) or None,
-                                          limit=ev.get("limit"), progress=False)
+                from modbench.eval.harness import trusting_task_code
+
+                with trusting_task_code(ev.get("trust_task_code") is True):
+                    evaluation = evaluate_run(m.run, probes=bool(ev.get("probes")),
+                                              tasks=list(ev.get("tasks") or []) or None,
+                                              limit=ev.get("limit"), progress=False)
         _diagnose(m, summary, ev.get("diagnostics"))
         store.finish(m.key, summary, evaluation)
         return JobResult(m.key, m.label, outcome, summary["status"])
@@ -475,6 +478,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
 
     check_trackers(dict.fromkeys(t for r in runs for t in r.config.train.trackers))
     ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
+    fresh = not Path(out).exists()  # a study refused before any run started leaves nothing
     try:
         store = Store(out)
         atomic_write_text(Path(out) / "spec.yaml",
@@ -495,6 +499,10 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
                 break
             runs = _undecided_runs(spec, out, until_decided)
             counts["added_seeds"] += len(runs)
+    except ModbenchError:
+        if fresh and not any((Path(out) / "runs").glob("*")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         ex.close()
     counts["failures"] = failures

@@ -84,6 +84,9 @@ class EvalSpec:
     primary: str | None = None  # val_loss | probe_avg | climb_avg | a task; None: climb_avg
     # when tasks are given, else val_loss
     diagnostics: DiagnosticsSpec | None = None  # None: no diagnostics
+    # task YAML files may run Python (!function, included code): only when this is true
+    # (modbench.eval.harness.check_task_files; docs/reliability.md, the trust boundary)
+    trust_task_code: bool = False
 
 
 # the verdicts a claim may expect (modbench.analysis.stats.Verdict): "diverged" and "stalled"
@@ -157,12 +160,132 @@ def load_spec(ref: str | Path | None) -> StudySpec:
                 f"{suggest(str(ref), named)}; see `modbench study list`")
         path = named[str(ref)]
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ModbenchError(f"study spec {path} is not valid YAML ({e.__class__.__name__})") from e
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModbenchError(f"cannot read study spec {path} ({e}); pass a readable YAML "
+                            "file") from None
+    tree = load_yaml_bounded(text, f"study spec {path}") or {}
     if not isinstance(tree, dict):
         raise ModbenchError(f"study spec {path} must be a mapping of keys")
-    return _build(StudySpec, tree, "")
+    spec: StudySpec = _build(StudySpec, tree, "")
+    check_spec(spec)
+    return spec
+
+
+MAX_YAML_NODES = 100_000  # nodes of a spec with every alias expanded (an alias bomb: billions)
+
+
+def load_yaml_bounded(text: str, what: str) -> Any:
+    """Safe YAML whose document, with every alias use counted again, has at most
+    :data:`MAX_YAML_NODES` nodes: a "billion laughs" alias bomb is refused in one line before
+    it is expanded, instead of growing until memory runs out."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_nodes(node, MAX_YAML_NODES + 1) > MAX_YAML_NODES:
+            raise ModbenchError(f"{what} expands to more than {MAX_YAML_NODES} YAML nodes "
+                                "through its aliases (&anchor / *alias); write it out plainly")
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ModbenchError(f"{what} is not valid YAML{where} ({e.__class__.__name__}: "
+                            f"{getattr(e, 'problem', None) or 'see the file'}); fix it") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(node: yaml.Node, limit: int) -> int:
+    """Nodes of ``node`` counting each alias use in full, stopping once past ``limit``."""
+    count, stack = 0, [node]
+    while stack and count < limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack += [k, v]
+    return count
+
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+MAX_NAME = 100
+MAX_SEED = 2**31 - 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _want(ok: bool, key: str, what: str, value: Any) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ModbenchError(f"study key '{key}' must be {what}; got {shown} (see "
+                            "docs/studies.md)")
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _seed_list(v: Any, empty: bool = True) -> bool:
+    return isinstance(v, list) and (empty or bool(v)) and all(
+        _is_int(x) and 0 <= x <= MAX_SEED for x in v)
+
+
+def check_spec(spec: StudySpec) -> None:
+    """Every field's type and range, in one line each, before a study writes anything.
+    ``name`` becomes a folder (``studies/<name>``): a slug of letters, digits, ``.``, ``_``
+    and ``-``, not starting with ``.``, at most :data:`MAX_NAME` characters."""
+    n = spec.name
+    _want(isinstance(n, str) and 0 < len(n) <= MAX_NAME and set(n) <= NAME_CHARS
+          and not n.startswith("."), "name",
+          f"a folder name of letters, digits, '.', '_' and '-' (not starting with '.', at most "
+          f"{MAX_NAME} characters)", n)
+    _want(isinstance(spec.description, str), "description", "a string", spec.description)
+    _want(isinstance(spec.baseline, str) and bool(spec.baseline), "baseline", "a method name",
+          spec.baseline)
+    _want(_str_list(spec.methods), "methods", "a list of method strings", spec.methods)
+    _want(_str_list(spec.scales) and bool(spec.scales), "scales",
+          "a non-empty list of preset names", spec.scales)
+    _want(spec.recipe is None or isinstance(spec.recipe, str), "recipe", "a recipe name or null",
+          spec.recipe)
+    _want(_str_list(spec.overrides), "overrides", "a list of KEY=VALUE strings", spec.overrides)
+    sd = spec.seeds
+    _want(_seed_list(sd.default, empty=False), "seeds.default",
+          f"a non-empty list of whole numbers from 0 to {MAX_SEED}", sd.default)
+    _want(_seed_list(sd.noise_floor), "seeds.noise_floor",
+          f"a list of whole numbers from 0 to {MAX_SEED}", sd.noise_floor)
+    _want(_str_list(sd.anchors), "seeds.anchors", "a list of method strings", sd.anchors)
+    d = spec.data
+    _want(isinstance(d.source, str) and bool(d.source), "data.source",
+          "'builtin' or a prepared data folder", d.source)
+    _want(_is_int(d.data_seed) and 0 <= d.data_seed <= MAX_SEED, "data.data_seed",
+          f"a whole number from 0 to {MAX_SEED}", d.data_seed)
+    _want(isinstance(d.probe_mix, int | float) and not isinstance(d.probe_mix, bool)
+          and 0.0 <= d.probe_mix <= 1.0, "data.probe_mix", "a number from 0 to 1", d.probe_mix)
+    ev = spec.evaluation
+    _want(isinstance(ev.probes, bool), "evaluation.probes", "true or false", ev.probes)
+    _want(_str_list(ev.tasks), "evaluation.tasks", "a list of task names or YAML files",
+          ev.tasks)
+    _want(ev.limit is None or (_is_int(ev.limit) and ev.limit >= 1), "evaluation.limit",
+          "a whole number of items, at least 1, or null", ev.limit)
+    _want(ev.primary is None or isinstance(ev.primary, str), "evaluation.primary",
+          "a metric name or null", ev.primary)
+    _want(isinstance(ev.trust_task_code, bool), "evaluation.trust_task_code", "true or false",
+          ev.trust_task_code)
+    if spec.claim is not None:
+        _want(isinstance(spec.claim.source, str), "claim.source", "a string", spec.claim.source)
+        _want(isinstance(spec.claim.text, str), "claim.text", "a string", spec.claim.text)
+    files = [t for t in ev.tasks if t.endswith((".yaml", ".yml"))]
+    if files:  # code in task files is refused now, not after the runs have trained
+        from modbench.eval.harness import check_task_files, expand_tasks
+
+        check_task_files(expand_tasks(files)[1], ev.trust_task_code)
 
 
 def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
