@@ -5,7 +5,9 @@ Exit codes: 0 every run completed; 2 a usage or input error (one line on stderr,
 folder); 3 a run ended ``diverged`` or ``stalled`` (its folder and summary are written all
 the same), so a shell script or a scheduler can tell it from success. A process inside a
 torchrun group exits 0 for a diverged run (torchrun would report a non-zero exit as a crash of
-the group); the command that started the group (``modbench train --nproc N``) exits 3.
+the group); the command that started the group (``modbench train --nproc N``) exits 3. 75
+(sysexits' EX_TEMPFAIL): the run was stopped by SIGUSR1, SIGUSR2 or SIGTERM (a scheduler's
+pre-emption or time-out warning), finished its step and saved it; ``--resume`` continues it.
 """
 
 from __future__ import annotations
