@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -341,6 +342,16 @@ def _import_datasets() -> Any:
     return datasets
 
 
+def _no_remote_code(fn: Any) -> dict[str, Any]:
+    """``trust_remote_code=False`` where this ``datasets`` release takes it (2.16 to 3.x: a
+    dataset's loading script runs only when asked; 4 and later run no scripts at all)."""
+    try:
+        takes = "trust_remote_code" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"trust_remote_code": False} if takes else {}
+
+
 _COMMIT = re.compile(r"@([0-9a-f]{40})/")
 
 
@@ -373,7 +384,8 @@ class HFSource(DocumentSource):
         self.where = f"{label} split {split!r}"
         try:
             builder = self.datasets.load_dataset_builder(
-                path, name, data_files=data_files, revision=revision
+                path, name, data_files=data_files, revision=revision,
+                **_no_remote_code(self.datasets.load_dataset_builder),
             )
         except Exception as exc:
             raise ModbenchError(
@@ -408,9 +420,11 @@ class HFSource(DocumentSource):
             return self.datasets.load_dataset(
                 self.path, self.name, split=self.split, data_files=self.data_files,
                 revision=self.revision, streaming=self.streaming,
+                **_no_remote_code(self.datasets.load_dataset),
             )
         return self.datasets.load_dataset(
-            self.format, data_files=[self._files[index]], split="train", streaming=self.streaming
+            self.format, data_files=[self._files[index]], split="train", streaming=self.streaming,
+            **_no_remote_code(self.datasets.load_dataset),
         )
 
     def iter_file(self, index: int) -> Iterator[Document]:

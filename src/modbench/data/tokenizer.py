@@ -207,7 +207,10 @@ def _from_transformers(name_or_path: str) -> Tokenizer | None:
     except ImportError:
         return None
     try:
-        backend = AutoTokenizer.from_pretrained(name_or_path, use_fast=True).backend_tokenizer
+        # never the folder's or repo's own code: with auto_map, transformers would ask
+        # interactively whether to run it; False refuses it (docs/reliability.md)
+        backend = AutoTokenizer.from_pretrained(name_or_path, use_fast=True,
+                                                trust_remote_code=False).backend_tokenizer
     except Exception:
         return None
     return backend if isinstance(backend, Tokenizer) else None

@@ -35,6 +35,7 @@ the loss under 4-bit round-to-nearest per-channel weight quantization of the blo
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import shutil
@@ -120,11 +121,26 @@ class SplitQKV(nn.Module):
         return torch.cat([qk, v], dim=-1)
 
 
+def _refuse_custom_code(folder: Path) -> None:
+    """A config.json that asks transformers to run the folder's Python (``auto_map``) is
+    refused in one line: remove-norm takes plain GPT-2 folders (docs/reliability.md)."""
+    try:
+        tree = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # AutoConfig's own one-line refusal follows
+    if isinstance(tree, dict) and tree.get("auto_map"):
+        raise ModbenchError(f"{folder}/config.json asks to run the folder's own Python code "
+                            "(auto_map); remove-norm never runs a folder's code and takes plain "
+                            "GPT-2 folders (model_type gpt2) or modbench runs")
+
+
 def load_gpt2(folder: Path) -> nn.Module:
     """``GPT2LMHeadModel`` from a local folder, refused with a reason if it is not one."""
     transformers = _transformers()
-    try:
-        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    _refuse_custom_code(folder)
+    try:  # never a folder's own code: transformers would prompt to run it (auto_map)
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True,
+                                                         trust_remote_code=False)
     except Exception as e:
         raise ModbenchError(f"{folder}/config.json cannot be read as a Hugging Face config "
                             f"({type(e).__name__}); pass a GPT-2 folder saved with "
@@ -136,7 +152,8 @@ def load_gpt2(folder: Path) -> nn.Module:
         raise ModbenchError(f"{folder} is a GPT-2 with cross-attention; remove-norm takes "
                             "decoder-only GPT-2 models")
     try:
-        model = transformers.GPT2LMHeadModel.from_pretrained(str(folder), local_files_only=True)
+        model = transformers.GPT2LMHeadModel.from_pretrained(str(folder), local_files_only=True,
+                                                             trust_remote_code=False)
     except Exception as e:
         raise ModbenchError(f"the GPT-2 weights in {folder} cannot be loaded "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); check the "
