@@ -10,6 +10,7 @@ import pytest
 
 scipy_stats = pytest.importorskip("scipy.stats")
 multitest = pytest.importorskip("statsmodels.stats.multitest")
+TTestIndPower = pytest.importorskip("statsmodels.stats.power").TTestIndPower
 
 from modbench.analysis import stats as S  # noqa: E402
 from modbench.analysis.stats import Verdict  # noqa: E402
@@ -411,7 +412,8 @@ def prediction_reference(score: float, base: list[float], higher_is_better: bool
 
 
 def test_compare_seed_like_table() -> None:
-    res = S.compare(TABLE, n_resamples=2000, seed=1)
+    """The fallback tests (``test="welch"``: prediction for one seed, Welch for more)."""
+    res = S.compare(TABLE, n_resamples=2000, seed=1, test="welch")
     assert [r.method for r in res] == list(TABLE)
     r = by_name(res)
     floor = S.noise_floor(BASE)
@@ -439,8 +441,14 @@ def test_compare_seed_like_table() -> None:
         assert r[name].p == pytest.approx(ref.pvalue, rel=1e-9)
         assert r[name].welch is not None and r[name].welch.p == pytest.approx(ref.pvalue)
     assert r["relu2"].welch is None
-    # family: non-baseline, non-diverged -> 7 tests
+    # family: the 7 score tests of the non-baseline methods with a finite seed; hybridnorm's
+    # failure-rate test (Fisher: 1 of 1 failed against 0 of 3, p = 0.25) cannot reach alpha
+    # at these counts, so it is left out (Tarone)
     family = [n for n in TABLE if n not in ("baseline", "hybridnorm")]
+    fisher = scipy_stats.fisher_exact([[1, 0], [0, 3]]).pvalue
+    assert r["hybridnorm"].p_failures == pytest.approx(fisher) == 0.25
+    assert math.isnan(r["hybridnorm"].p_failures_adjusted)
+    assert all(math.isnan(r[n].p_failures) for n in family)  # no failed seed anywhere
     pv = np.array([r[n].p for n in family])
     for ours, theirs in [("bonferroni", "bonferroni"), ("holm", "holm"), ("bh", "fdr_bh")]:
         rej, padj, _, _ = multitest.multipletests(pv, alpha=0.05, method=theirs)
@@ -460,7 +468,7 @@ def test_compare_seed_like_table() -> None:
     assert d["verdict"] == "degrader" and d["test"] == "prediction" and d["fewer_seeds"]
     assert d["floor"]["df"] == 2
     # deterministic
-    again = by_name(S.compare(TABLE, n_resamples=2000, seed=1))
+    again = by_name(S.compare(TABLE, n_resamples=2000, seed=1, test="welch"))
     assert again["geglu"].ci_delta == r["geglu"].ci_delta
 
 
@@ -535,14 +543,15 @@ def test_welch_in_compare_matches_scipy_and_orientation() -> None:
     ref = scipy_stats.ttest_ind(meth, base, equal_var=False)
     for hib, sign in ((True, 1.0), (False, -1.0)):
         r = by_name(S.compare({"baseline": base, "m": meth}, higher_is_better=hib,
-                              n_resamples=50))["m"]
+                              n_resamples=50, test="welch"))["m"]
         assert r.test == "welch" and not r.fewer_seeds and r.n == 4
         assert r.t == pytest.approx(sign * ref.statistic, rel=1e-12)
         assert r.df == pytest.approx(ref.df, rel=1e-12)
         assert r.p == pytest.approx(ref.pvalue, rel=1e-9)
         assert r.welch is not None and r.welch.t == pytest.approx(ref.statistic)  # raw sign
     # two seeds (fewer than the baseline's three) still get Welch, flagged as fewer seeds
-    two = by_name(S.compare({"baseline": base, "m": meth[:2]}, n_resamples=50))["m"]
+    two = by_name(S.compare({"baseline": base, "m": meth[:2]}, n_resamples=50,
+                            test="welch"))["m"]
     ref2 = scipy_stats.ttest_ind(meth[:2], base, equal_var=False)
     assert two.test == "welch" and two.fewer_seeds
     assert two.p == pytest.approx(ref2.pvalue, rel=1e-9)
@@ -567,12 +576,12 @@ def test_method_test_edges() -> None:
 def test_compare_lower_is_better_and_sigma_choices() -> None:
     table = {"baseline": [2.489, 2.492, 2.486], "qk": [2.4771, 2.4790, 2.4760],
              "ssmax": [2.5630], "sp": [2.4814, 2.4801, 2.4830]}
-    r = by_name(S.compare(table, higher_is_better=False, n_resamples=500))
+    r = by_name(S.compare(table, higher_is_better=False, n_resamples=500, test="welch"))
     assert r["qk"].delta < 0 and r["qk"].improvement > 0 and r["qk"].z > 0
     assert r["qk"].verdict == Verdict.IMPROVER and r["ssmax"].verdict == Verdict.DEGRADER
     assert r["qk"].prob_not_better == 0.0
     pooled = by_name(S.compare(table, higher_is_better=False, references=["qk", "sp"],
-                               sigma="pooled", n_resamples=100))
+                               sigma="pooled", n_resamples=100, test="welch"))
     sig = S.pooled_std([table["baseline"], table["qk"], table["sp"]])
     assert pooled["qk"].floor.sigma == pytest.approx(sig)
     assert pooled["qk"].floor.df == 6  # 2 + 2 + 2
@@ -582,7 +591,8 @@ def test_compare_lower_is_better_and_sigma_choices() -> None:
     t = -(2.5630 - np.mean(table["baseline"])) / (sig * math.sqrt(1 + 1 / 3))
     assert pooled["ssmax"].t == pytest.approx(t) and pooled["ssmax"].df == 6
     assert pooled["ssmax"].p == pytest.approx(2 * scipy_stats.t.sf(abs(t), 6), rel=1e-9)
-    mx = by_name(S.compare(table, references=["qk", "sp"], sigma="max", n_resamples=100))
+    mx = by_name(S.compare(table, references=["qk", "sp"], sigma="max", n_resamples=100,
+                           test="welch"))
     sx = max(np.std(table[k], ddof=1) for k in ("baseline", "qk", "sp"))
     assert mx["sp"].floor.sigma == pytest.approx(sx) and mx["sp"].floor.df == 6
     t = (2.5630 - np.mean(table["baseline"])) / (sx * math.sqrt(1 + 1 / 3))
@@ -592,16 +602,26 @@ def test_compare_lower_is_better_and_sigma_choices() -> None:
 
 
 def test_compare_identical_baseline_seeds() -> None:
+    """No verdict from zero spread. (The old rule took sigma = 0 as certainty: a method 0.01
+    above three identical baseline seeds was an improver with p = 0; now undetermined.)"""
     table = {"baseline": [0.5, 0.5, 0.5], "up": [0.51], "same": [0.5], "twin": [0.5, 0.5]}
-    r = by_name(S.compare(table, n_resamples=100))
-    assert r["up"].z == math.inf and r["up"].p == 0.0 and r["up"].verdict == Verdict.IMPROVER
-    assert r["up"].test == "prediction" and r["up"].t == math.inf
-    assert r["same"].z == 0.0 and r["same"].p == 1.0 and r["same"].t == 0.0
-    assert r["same"].verdict == Verdict.WITHIN_NOISE
-    # both groups constant: welch_t keeps p NaN; compare applies the sigma = 0 rule (p = 1)
-    assert r["twin"].welch is not None and math.isnan(r["twin"].welch.p)
-    assert r["twin"].test == "welch" and r["twin"].p == 1.0
-    assert r["twin"].verdict == Verdict.WITHIN_NOISE
+    for test in ("auto", "welch", "pooled"):
+        r = by_name(S.compare(table, n_resamples=100, test=test))  # type: ignore[arg-type]
+        for m in ("up", "same", "twin"):
+            assert r[m].verdict == Verdict.UNDETERMINED, (test, m)
+            assert math.isnan(r[m].p) and "resolution" in r[m].note
+            assert math.isnan(r[m].p_adjusted["holm"])
+        assert r["up"].z == math.inf  # the descriptive z keeps its sigma = 0 convention
+    # a spread below the resolution (1e-6 of the mean) is the same; above it, a verdict
+    tiny = {"baseline": [1.0, 1.0 + 1e-9, 1.0 - 1e-9], "up": [1.001, 1.001 + 1e-9]}
+    assert by_name(S.compare(tiny, n_resamples=10))["up"].verdict == Verdict.UNDETERMINED
+    resolved = by_name(S.compare(tiny, n_resamples=10, resolution=1e-12))["up"]
+    assert resolved.verdict == Verdict.IMPROVER
+    # zero spread in the pooled error term although the baseline varies cannot happen; a
+    # constant method against a varying baseline is fine (its spread is the baseline's)
+    ok = by_name(S.compare({"baseline": [1.0, 1.1, 0.9], "m": [1.0, 1.0, 1.0]},
+                           n_resamples=10))["m"]
+    assert ok.verdict == Verdict.WITHIN_NOISE and math.isfinite(ok.p)
 
 
 def test_compare_one_seed_baseline_is_undetermined() -> None:
@@ -617,6 +637,8 @@ def test_compare_one_seed_baseline_is_undetermined() -> None:
 
 
 def test_compare_diverged_and_nan_seeds() -> None:
+    """Failures are judged as rates. (The old rule labelled a method "diverged" for one
+    failed seed of 3; now its survivors are compared and its rate is tested.)"""
     table = {
         "baseline": {42: 0.4829, 43: 0.4841, 44: 0.4817},
         "partly": {42: 0.49, 43: math.nan, 44: 0.495},
@@ -625,15 +647,57 @@ def test_compare_diverged_and_nan_seeds() -> None:
         "ok": {42: 0.4832, 43: 0.4850, 44: 0.4820},
     }
     res = by_name(S.compare(table, diverged=["flagged"], n_resamples=300))
-    assert res["partly"].verdict == Verdict.DIVERGED and res["partly"].n == 2
+    # one failed seed of 3 against none of 3: Fisher p = 1; judged on its 2 survivors
+    assert res["partly"].verdict == Verdict.IMPROVER and res["partly"].n == 2
+    assert res["partly"].p_failures == pytest.approx(1.0)
+    assert "2 surviving seeds" in res["partly"].note and "1 of 3" in res["partly"].note
     assert res["partly"].n_diverged == 1 and res["partly"].mean == pytest.approx(0.4925)
+    # every seed failed: nothing to compare, so the failure is the verdict
     assert res["all_nan"].verdict == Verdict.DIVERGED and res["all_nan"].n_diverged == 2
+    fisher = scipy_stats.fisher_exact([[2, 0], [0, 3]]).pvalue
+    assert res["all_nan"].p_failures == pytest.approx(fisher)
+    assert "no seed survived" in res["all_nan"].note
     assert res["flagged"].verdict == Verdict.DIVERGED
     assert math.isnan(res["flagged"].p_adjusted["bonferroni"])
-    # family is just "ok": adjusted p = raw p
-    assert res["ok"].p_adjusted["bonferroni"] == pytest.approx(res["ok"].p)
+    assert math.isnan(res["flagged"].p_failures)  # flagged by the caller: not tested
+    # the family: the score tests of partly and ok; the rate tests (1 of 3 and 2 of 2
+    # against 0 of 3) cannot reach alpha at these counts and are left out
+    assert res["ok"].p_adjusted["bonferroni"] == pytest.approx(min(1.0, 2 * res["ok"].p))
+    assert "cannot reach α" in res["all_nan"].note
     assert res["ok"].paired  # same seed labels -> paired bootstrap
     assert not S.compare(table, paired=False, n_resamples=50)[-1].paired
+
+
+def test_failure_rates_fisher_in_the_family() -> None:
+    rng = np.random.default_rng(3)
+    base = list(rng.normal(3.0, 0.01, 10))
+    # 8 of 10 stalled against none: shown to fail more often, whatever its survivors say
+    table = {"baseline": base, "bad": [3.0, 3.01] + [None] * 8,
+             "one_off": [*rng.normal(3.0, 0.01, 9), None]}
+    r = by_name(S.compare(table, higher_is_better=False, stalled={"bad": 8, "one_off": 1},
+                          n_resamples=10))
+    p_bad = scipy_stats.fisher_exact([[8, 2], [0, 10]]).pvalue
+    assert r["bad"].p_failures == pytest.approx(p_bad)
+    # one_off's rate test (1 of 10 against 0 of 10) cannot reach alpha: not in the family
+    ps = [r["bad"].p_failures, r["bad"].p, r["one_off"].p]
+    holm = multitest.multipletests(ps, method="holm")[1]
+    assert r["bad"].p_failures_adjusted == pytest.approx(holm[0])
+    assert math.isnan(r["one_off"].p_failures_adjusted)
+    assert r["one_off"].p_adjusted["holm"] == pytest.approx(holm[2])
+    assert r["bad"].verdict == Verdict.STALLED and "fail more often" in r["bad"].note
+    assert r["bad"].n_stalled == 8 and r["bad"].n_diverged == 0
+    # 1 of 10: not a label; compared on its 9 survivors
+    assert r["one_off"].verdict == Verdict.WITHIN_NOISE
+    assert "9 surviving seeds" in r["one_off"].note
+    # a baseline with a failed seed keeps its floor only with 3 survivors
+    two_left = by_name(S.compare({"baseline": [1.0, 1.1, None], "m": [5.0, 5.1, 5.2]},
+                                 n_resamples=10))
+    assert not two_left["m"].floor.defined and two_left["m"].verdict == Verdict.UNDETERMINED
+    assert two_left["baseline"].verdict == Verdict.DIVERGED
+    assert "no noise floor" in two_left["baseline"].note
+    three_left = by_name(S.compare({"baseline": [1.0, 1.1, 0.9, None], "m": [5.0, 5.1, 5.2]},
+                                   n_resamples=10))
+    assert three_left["m"].floor.defined and three_left["m"].verdict == Verdict.IMPROVER
 
 
 def test_compare_empty_missing_and_single_method() -> None:
@@ -739,3 +803,72 @@ def test_undecided_without_floor_asks_for_baseline_seeds() -> None:
 def test_undecided_zero_sigma_never_straddles() -> None:
     floor = S.noise_floor([0.5, 0.5, 0.5])
     assert S.undecided({"baseline": [0.5] * 3, "same": [0.5], "up": [0.6]}, floor) == []
+
+
+# ---------------------------------------------------------------- the pooled error term
+
+
+def test_pooled_error_term_when_variances_look_equal() -> None:
+    """Brown–Forsythe does not reject: every method is tested with the error term of all
+    groups (df = sum(n_i - 1)); it rejects: the prediction test / Welch, and the result says
+    which test decided."""
+    rng = np.random.default_rng(7)
+    base = list(rng.normal(2.0, 0.02, 3))
+    table = {"baseline": base, "a": list(rng.normal(1.9, 0.02, 3)),
+             "b": list(rng.normal(2.0, 0.02, 3)), "c": [2.01]}
+    groups = [table["baseline"], table["a"], table["b"]]
+    hom = scipy_stats.levene(*groups, center="median").pvalue
+    assert hom > S.HOMOGENEITY_ALPHA
+    r = by_name(S.compare(table, higher_is_better=False, n_resamples=10))
+    sp = S.pooled_std(groups)
+    for m in ("a", "b", "c"):
+        n = len(table[m])  # type: ignore[arg-type]
+        t = -(np.mean(table[m]) - np.mean(base)) / (sp * math.sqrt(1 / n + 1 / 3))  # type: ignore[arg-type]
+        assert r[m].test == "pooled" and r[m].df == 6
+        assert r[m].t == pytest.approx(t, rel=1e-12)
+        assert r[m].p == pytest.approx(2 * scipy_stats.t.sf(abs(t), 6), rel=1e-9)
+        assert r[m].homogeneity_p == pytest.approx(hom)
+    # the same as scipy's pooled two-sample t when there is one method
+    two = by_name(S.compare({"baseline": base, "a": table["a"]}, n_resamples=10))["a"]
+    ref = scipy_stats.ttest_ind(table["a"], base, equal_var=True)
+    assert two.test == "pooled" and two.p == pytest.approx(ref.pvalue, rel=1e-9)
+    # a wildly spread method makes the check reject: the fallback tests
+    wild = {"baseline": [1.0, 1.001, 0.999, 1.0005, 0.9995],
+            "x": [1.0, 1.002, 0.998, 1.001, 0.999], "y": [1.0, 1.001, 0.999, 1.0, 1.0],
+            "z": [0.0, 2.0, 1.0, 3.0, -1.0]}
+    assert S.homogeneity(wild.values()) <= S.HOMOGENEITY_ALPHA
+    w = by_name(S.compare(wild, n_resamples=10))
+    assert {w[m].test for m in ("x", "y", "z")} == {"welch"}
+    assert by_name(S.compare(wild, n_resamples=10, test="pooled"))["z"].test == "pooled"
+    with pytest.raises(ValueError):
+        S.compare(wild, test="dunnett")  # type: ignore[arg-type]
+    assert math.isnan(S.homogeneity([[1.0, 2.0]]))
+
+
+def test_intervals_and_detectable_effect() -> None:
+    """Every compared method has the test's interval for delta (Bonferroni-simultaneous over
+    the compared methods) and its minimum detectable effect at 80 % power; within noise with
+    |delta| < MDE reads "not shown"."""
+    base = [0.0, 1.0, 2.0, 0.5, 1.5]
+    table = {"baseline": base, "a": [1.2, 2.0, 0.4], "b": [5.0, 6.0, 5.5]}
+    r = by_name(S.compare(table, n_resamples=10))
+    sp = S.pooled_std(list(table.values()))
+    df = 4 + 2 + 2
+    q = scipy_stats.t.isf(0.05 / (2 * 2), df)
+    for m in ("a", "b"):
+        se = sp * math.sqrt(1 / 3 + 1 / 5)
+        assert r[m].ci == pytest.approx((r[m].delta - q * se, r[m].delta + q * se))
+        assert r[m].ci_level == 0.95
+        # the MDE: power 0.8 at alpha/2 with the noncentral t (statsmodels' formula)
+        d = r[m].mde_sigma
+        assert r[m].mde == pytest.approx(d * sp)
+        power = TTestIndPower().power(d, nobs1=3, alpha=0.05 / 2, ratio=5 / 3, df=df)
+        assert power == pytest.approx(0.8, abs=1e-4)
+    assert r["b"].verdict == Verdict.IMPROVER and r["b"].ci[0] > 0
+    assert r["a"].verdict == Verdict.WITHIN_NOISE and abs(r["a"].delta) < r["a"].mde
+    assert r["a"].note.startswith("not shown: |Δ| < MDE")
+    assert math.isnan(r["baseline"].mde) and math.isnan(r["baseline"].ci[0])
+    # the guard: never below floor_sigmas; more seeds, a smaller MDE
+    assert S.detectable_effect(50, 50, 98, floor_sigmas=1.0) == 1.0
+    assert S.detectable_effect(10, 10, 18) < S.detectable_effect(3, 3, 4)
+    assert math.isnan(S.detectable_effect(1, 1, 0))

@@ -71,7 +71,8 @@ import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias
+from functools import lru_cache
+from typing import Any, Final, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +80,10 @@ from scipy import stats as _sps
 
 __all__ = [
     "CORRECTIONS",
+    "HOMOGENEITY_ALPHA",
+    "MDE_POWER",
+    "MIN_SURVIVING_BASELINE",
+    "RESOLUTION",
     "TESTS",
     "Adjusted",
     "BootstrapDifference",
@@ -99,6 +104,8 @@ __all__ = [
     "compare",
     "decide",
     "decision_threshold",
+    "detectable_effect",
+    "homogeneity",
     "method_test",
     "noise_floor",
     "normal_isf",
@@ -898,7 +905,15 @@ def undecided(
 
 
 #: The test :func:`compare` gives a method, by its finite seeds (see :func:`method_test`).
-TESTS: tuple[str, ...] = ("prediction", "welch", "none")
+TESTS: tuple[str, ...] = ("pooled", "prediction", "welch", "none")
+#: The Brown–Forsythe check's level: the pooled test is used when it does not reject.
+HOMOGENEITY_ALPHA: Final = 0.05
+#: The smallest estimated sigma a verdict may rest on, as a fraction of |baseline mean|.
+RESOLUTION: Final = 1e-6
+#: Finite seeds a baseline with failed seeds needs to keep its noise floor.
+MIN_SURVIVING_BASELINE: Final = 3
+#: The power at which :func:`compare` states each method's minimum detectable effect.
+MDE_POWER: Final = 0.8
 
 
 @dataclass(frozen=True)
@@ -929,6 +944,15 @@ class MethodResult:
     verdict: Verdict
     floor: NoiseFloor
     n_stalled: int = 0  # failed seeds that stalled (compare's ``stalled``)
+    # why the verdict is what it is, in words ("" when the verdict says it all)
+    note: str = ""
+    ci: tuple[float, float] = (_NAN, _NAN)  # the test's interval for delta (raw units)
+    ci_level: float = _NAN  # its simultaneous coverage (Bonferroni over the compared methods)
+    mde: float = _NAN  # minimum detectable |delta| at MDE_POWER (metric units)
+    mde_sigma: float = _NAN  # the same in sigmas of the test's error term
+    p_failures: float = _NAN  # Fisher's exact p of its failure rate against the baseline's
+    p_failures_adjusted: float = _NAN  # the same, corrected in the verdict's family
+    homogeneity_p: float = _NAN  # Brown–Forsythe p of the scale (decides pooled vs Welch)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python dict (verdict as its string; NaN / inf kept as floats)."""
@@ -985,6 +1009,77 @@ def method_test(scores: Scores, floor: NoiseFloor, baseline: Scores = None) -> M
     return MethodTest("welch", floor.sign * w.t, w.df, w.p, w)
 
 
+def homogeneity(groups: Iterable[Scores]) -> float:
+    """Brown–Forsythe p that the groups' variances are equal (``scipy.stats.levene`` with
+    ``center="median"``, robust to heavy tails) over the groups with >= 2 finite seeds; NaN
+    with fewer than 2 such groups or when every such group is constant."""
+    xs = [x for x in (_finite(g) for g in groups) if x.size >= 2]
+    if len(xs) < 2 or all(float(np.ptp(x)) == 0.0 for x in xs):
+        return _NAN
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(_sps.levene(*xs, center="median").pvalue)
+    return p
+
+
+def _power(d: float, n: int, n_baseline: int, df: float, alpha: float) -> float:
+    """Two-sided t test's power at effect d (sigmas): the noncentral t of
+    ``statsmodels.stats.power.TTestIndPower`` written with ``scipy.stats.nct``, whose far tail
+    (NaN in both libraries at large noncentrality, scipy 1.17 / statsmodels 0.15) is taken as
+    0."""
+    nc = d / math.sqrt(1.0 / n + 1.0 / n_baseline)
+    c = float(_sps.t.isf(alpha / 2.0, df))
+    upper = float(_sps.nct.sf(c, df, nc))
+    lower = float(_sps.nct.cdf(-c, df, nc))
+    return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0)
+
+
+@lru_cache(maxsize=512)
+def _detectable_d(n: int, n_baseline: int, df: float, alpha: float, power: float) -> float:
+    from scipy.optimize import brentq
+
+    def gap(d: float) -> float:
+        return _power(d, n, n_baseline, df, alpha) - power
+
+    hi = 1.0
+    while gap(hi) < 0.0:
+        hi *= 2.0
+        if hi > 1e6:
+            return math.inf
+    return float(brentq(gap, 0.0, hi, xtol=1e-6))
+
+
+def detectable_effect(n: int, n_baseline: int, df: float, *, alpha: float = 0.05,
+                      n_tests: int = 1, power: float = MDE_POWER,
+                      floor_sigmas: float = 1.0) -> float:
+    """Minimum detectable effect, in sigmas, of a method of ``n`` seeds against a baseline of
+    ``n_baseline`` seeds by a two-sided t test with ``df`` degrees of freedom at level
+    ``alpha / n_tests`` (Holm's first step, Bonferroni's every step: conservative for Holm) with
+    probability ``power``: the noncentral-t power (noncentrality
+    ``d / sqrt(1/n + 1/n_baseline)``, see :func:`_power`) solved for d, and at least
+    ``floor_sigmas`` (the verdict's |delta| guard). NaN for undefined inputs. ``n = 1`` with
+    ``df = n_baseline - 1`` is exactly the prediction test."""
+    if n < 1 or n_baseline < 2 or not math.isfinite(df) or df <= 0 or n_tests < 1:
+        return _NAN
+    d = _detectable_d(int(n), int(n_baseline), float(df), alpha / n_tests, power)
+    return max(d, floor_sigmas)
+
+
+def _fisher(k: int, n: int, k_b: int, n_b: int) -> float:
+    """Two-sided Fisher exact p of k failures of n against k_b of n_b (``scipy``)."""
+    return float(_sps.fisher_exact([[k, n - k], [k_b, n_b - k_b]]).pvalue)
+
+
+@lru_cache(maxsize=1024)
+def _fisher_min_p(n: int, n_b: int, total: int) -> float:
+    """The smallest two-sided Fisher p any table with these margins (n and n_b seeds, ``total``
+    failures between them) can give: a test whose smallest p exceeds alpha can never reject,
+    so it is left out of the family (Tarone 1990, "A modified Bonferroni method for discrete
+    data", Biometrics 46: the family counts only tests that can reach the level)."""
+    ks = range(max(0, total - n_b), min(n, total) + 1)
+    return min(_fisher(k, n, total - k, n_b) for k in ks)
+
+
 def compare(
     table: Mapping[str, Scores],
     baseline: str = "baseline",
@@ -1001,22 +1096,36 @@ def compare(
     paired: bool | None = None,
     diverged: Collection[str] = (),
     stalled: Mapping[str, int] | None = None,
+    test: Literal["auto", "pooled", "welch"] = "auto",
+    homogeneity_alpha: float = HOMOGENEITY_ALPHA,
+    resolution: float = RESOLUTION,
 ) -> list[MethodResult]:
     """Compare every method of ``table`` (``{name: per-seed scores or None}``) with ``baseline``.
 
     Returns one :class:`MethodResult` per entry, in the table's order, baseline included (its
-    delta, improvement and z are 0, its test ``"none"`` with t, df and p NaN, its verdict
-    ``baseline`` unless it failed). ``references`` names table entries whose seeds join the
-    baseline's for ``sigma="pooled"|"max"``. ``diverged`` flags extra methods as diverged even
-    if they have scores. ``stalled`` says how many of a method's failed (``None``) seeds
-    stalled rather than diverged; a method with a stalled seed and none diverged gets the
-    verdict ``stalled``. Each other method gets the test its finite seeds call for
-    (:func:`method_test`: the prediction test for one seed, Welch's t for two or more); ``p``
-    is that test's two-sided p and ``welch`` the Welch result whenever both sides have >= 2
-    finite seeds. The correction family is the non-baseline methods without a failed seed
-    (diverged or stalled) with a finite p; ``correction`` (default Holm) picks which adjusted
-    p the verdict uses (see :func:`decide`); all three are computed. An empty table gives [];
-    a non-empty table without ``baseline`` raises KeyError.
+    delta, improvement and z are 0, its test ``"none"``, its verdict ``baseline`` unless it
+    has failed seeds). ``references`` join the baseline's seeds for ``sigma="pooled"|"max"``
+    (the floor of z and of the |delta| guard). ``diverged`` flags methods as diverged whatever
+    their scores; ``stalled`` says how many of a method's failed (``None``) seeds stalled.
+
+    The primary test (``test="auto"``): when the Brown–Forsythe check (:func:`homogeneity`)
+    over the baseline and the compared methods does not reject at ``homogeneity_alpha``, every
+    method is tested against the baseline with the **pooled** error term of all those groups
+    (``t = improvement / (s_p sqrt(1/n + 1/n_b))``, ``df = sum(n_i - 1)``); otherwise each gets
+    :func:`method_test` (prediction test for one seed, Welch for more). ``"pooled"`` /
+    ``"welch"`` force one. No verdict rests on an estimated sigma of 0 or below ``resolution``
+    times |baseline mean| (the floor's or the test's): such methods are ``undetermined``.
+
+    Failures are judged as rates: a method with failed seeds gets Fisher's exact test of its
+    k of n against the baseline's, in the same correction family as the score tests (where it
+    can reach ``alpha`` at those counts: :func:`_fisher_min_p`); it is
+    ``diverged`` / ``stalled`` when that test shows it fails more often, or when no seed
+    survived; otherwise its surviving seeds are compared like any method's (with a note). A
+    baseline with failed seeds keeps its floor only with :data:`MIN_SURVIVING_BASELINE` finite
+    seeds. Each compared method gets ``ci`` (the test's interval for delta, Bonferroni-
+    simultaneous over the compared methods) and ``mde`` / ``mde_sigma`` (the |delta| found
+    with probability :data:`MDE_POWER`, :func:`detectable_effect`). docs/statistics.md states
+    every rule. An empty table gives []; a table without ``baseline`` raises KeyError.
     """
     if not table:
         return []
@@ -1024,69 +1133,174 @@ def compare(
         raise KeyError(f"baseline {baseline!r} is not in the table")
     if correction not in (*CORRECTIONS, "none"):
         raise ValueError(f"unknown correction {correction!r}")
-    floor = noise_floor(
-        table[baseline],
-        higher_is_better=higher_is_better,
-        references={r: table[r] for r in references if r in table and r != baseline},
-        sigma=sigma,
-    )
+    if test not in ("auto", "pooled", "welch"):
+        raise ValueError(f"test must be auto, pooled or welch, not {test!r}")
     groups = {m: _group(s) for m, s in table.items()}
     n_stalled = {m: int((stalled or {}).get(m, 0)) for m in table}
     for m, k in n_stalled.items():
         if not 0 <= k <= groups[m].n_diverged:
             raise ValueError(f"stalled[{m!r}] = {k}, but {m!r} has {groups[m].n_diverged} "
                              "failed (None) seeds; give a stalled seed's score as None")
-    is_div = {m: g.n_diverged > n_stalled[m] or m in diverged for m, g in groups.items()}
-    failed = {m: is_div[m] or n_stalled[m] > 0 for m in table}
+    floor = noise_floor(
+        table[baseline],
+        higher_is_better=higher_is_better,
+        references={r: table[r] for r in references if r in table and r != baseline},
+        sigma=sigma,
+    )
     base = groups[baseline]
-    no_test = MethodTest("none", _NAN, _NAN, _NAN)
+    notes: dict[str, list[str]] = {m: [] for m in table}
+    base_failed = base.n_diverged > 0 or baseline in diverged
+    if base_failed and floor.defined and base.n < MIN_SURVIVING_BASELINE:
+        notes[baseline].append(f"{base.n_diverged} failed seeds leave {base.n} finite: fewer "
+                               f"than {MIN_SURVIVING_BASELINE}, no noise floor")
+        floor = NoiseFloor(**{**asdict(floor), "sigma": _NAN, "df": _NAN})
+    is_div = {m: g.n_diverged > n_stalled[m] or m in diverged for m, g in groups.items()}
+    n_failed = {m: (len(g.values) if m in diverged else g.n_diverged) for m, g in groups.items()}
+    n_total = {m: max(len(g.values), n_failed[m]) for m, g in groups.items()}
+    no_floor_reason = ""
+    if floor.defined and floor.sigma <= resolution * abs(floor.mean):
+        no_floor_reason = (f"baseline σ = {floor.sigma:.3g} is below the resolution "
+                           f"({resolution:g} of the mean): no verdict from zero spread")
+    # methods whose surviving seeds are compared
+    live = [m for m in table if m != baseline and m not in diverged and groups[m].n > 0]
+    hom_p = homogeneity([base.finite, *(groups[m].finite for m in live)])
+    pooled_s, pooled_df = _pooled([base.finite, *(groups[m].finite for m in live)])
+    # with no method of >= 2 seeds the pooled term is the baseline's: the prediction test
+    shared = pooled_df > base.n - 1
+    use_pooled = test == "pooled" or (test == "auto" and shared
+                                      and not hom_p <= homogeneity_alpha)
 
     rows: dict[str, dict[str, Any]] = {}
+    no_test = MethodTest("none", _NAN, _NAN, _NAN)
     for m, g in groups.items():
         x = g.finite
         mean = float(x.mean()) if x.size else _NAN
-        delta = 0.0 if m == baseline else mean - floor.mean
-        z = 0.0 if m == baseline else z_score(x, floor)
-        test = no_test if m == baseline else method_test(x, floor, base.finite)
-        boot = None
-        if m != baseline:
-            pair = _can_pair(g, base) if paired else paired  # True: pair where possible
-            boot = bootstrap_difference(
-                table[m], table[baseline], higher_is_better=higher_is_better,
-                n_resamples=n_resamples, confidence=confidence, seed=seed, paired=pair,
-            )
-        rows[m] = {
-            "g": g, "mean": mean, "delta": delta, "z": z, "test": test, "p": test.p,
-            "boot": boot, "welch": test.welch,  # >= 2 seeds on both sides
-        }
+        r: dict[str, Any] = {"g": g, "mean": mean, "delta": 0.0 if m == baseline
+                             else mean - floor.mean, "test": no_test, "se": _NAN,
+                             "scale": _NAN, "boot": None}
+        r["z"] = 0.0 if m == baseline else z_score(x, floor)
+        rows[m] = r
+        if m == baseline:
+            continue
+        pair = _can_pair(g, base) if paired else paired
+        r["boot"] = bootstrap_difference(
+            table[m], table[baseline], higher_is_better=higher_is_better,
+            n_resamples=n_resamples, confidence=confidence, seed=seed, paired=pair,
+        )
+        if m not in live or not floor.defined:
+            continue
+        imp = floor.sign * r["delta"]
+        if no_floor_reason:
+            notes[m].append(no_floor_reason)
+            r["test"] = MethodTest("pooled" if use_pooled else "none", _NAN, _NAN, _NAN)
+            continue
+        if use_pooled:
+            se = pooled_s * math.sqrt(1.0 / x.size + 1.0 / floor.n)
+            r["scale"] = pooled_s
+            if not pooled_s > resolution * abs(floor.mean):
+                notes[m].append(f"pooled σ = {pooled_s:.3g} is below the resolution: "
+                                "no verdict from zero spread")
+                r["test"] = MethodTest("pooled", _NAN, float(pooled_df), _NAN)
+                continue
+            t = imp / se
+            r["test"] = MethodTest("pooled", t, float(pooled_df),
+                                   _t_p(t, float(pooled_df), "two-sided"))
+            r["se"] = se
+            continue
+        mt = method_test(x, floor, base.finite)
+        r["scale"] = floor.sigma
+        spread = floor.sigma if x.size == 1 else max(floor.sigma, sample_std(x))
+        if not spread > resolution * abs(floor.mean) or not math.isfinite(mt.t):
+            notes[m].append("the seeds' spread is below the resolution: no verdict from "
+                            "zero spread")
+            r["test"] = MethodTest(mt.test, _NAN, mt.df, _NAN, mt.welch)
+            continue
+        r["test"] = mt
+        r["se"] = abs(imp / mt.t) if mt.t != 0.0 else (
+            floor.sigma * math.sqrt(1.0 + 1.0 / floor.n) if x.size == 1
+            else math.sqrt(float(np.var(x, ddof=1)) / x.size + floor.baseline_std ** 2 / floor.n))
 
-    family = [m for m in table if m != baseline and not failed[m] and math.isfinite(rows[m]["p"])]
-    adjusted: dict[str, dict[str, float]] = {m: {} for m in table}
+    # failure rates: Fisher's exact test against the baseline, in the same family
+    p_fail = {m: _NAN for m in table}
+    for m in table:
+        if (m != baseline and m not in diverged and n_failed[m] + n_failed[baseline] > 0
+                and n_total[baseline] > 0 and n_total[m] > 0):
+            p_fail[m] = _fisher(n_failed[m], n_total[m], n_failed[baseline],
+                                n_total[baseline])
+    scored = [m for m in live if math.isfinite(rows[m]["test"].p)]
+    fams = [(m, "score", rows[m]["test"].p) for m in scored] + [
+        (m, "fail", p_fail[m]) for m in table if math.isfinite(p_fail[m])
+        and _fisher_min_p(n_total[m], n_total[baseline],
+                          n_failed[m] + n_failed[baseline]) <= alpha]
+    adjusted: dict[tuple[str, str], dict[str, float]] = {}
     for c in CORRECTIONS:
-        adj = adjust_pvalues([rows[m]["p"] for m in family], c, alpha)  # type: ignore[arg-type]
-        for m, v in zip(family, adj.p_adjusted, strict=True):
-            adjusted[m][c] = float(v)
+        adj = adjust_pvalues([p for _, _, p in fams], c, alpha)  # type: ignore[arg-type]
+        for (m, kind, _), v in zip(fams, adj.p_adjusted, strict=True):
+            adjusted.setdefault((m, kind), {})[c] = float(v)
 
+    m_ci = max(1, len(scored))
+    level = 1.0 - alpha
     out: list[MethodResult] = []
     for m in table:
         r = rows[m]
         g = r["g"]
-        test: MethodTest = r["test"]
-        padj = {c: adjusted[m].get(c, _NAN) for c in CORRECTIONS}
-        sig = {"none": bool(r["p"] <= alpha) if m in family else False}
+        mt: MethodTest = r["test"]
+        padj = {c: adjusted.get((m, "score"), {}).get(c, _NAN) for c in CORRECTIONS}
+        in_family = (m, "score") in adjusted
+        sig = {"none": bool(mt.p <= alpha) if in_family else False}
         sig.update({c: bool(padj[c] <= alpha) for c in CORRECTIONS})
         improvement = floor.sign * r["delta"] if m != baseline else 0.0
+        fail_adj = (p_fail[m] if correction == "none"
+                    else adjusted.get((m, "fail"), {}).get(correction, _NAN))
+        ci, mde, mde_s = (_NAN, _NAN), _NAN, _NAN
         if m == baseline:
-            verdict = (Verdict.DIVERGED if is_div[m] else Verdict.STALLED if failed[m]
+            verdict = (Verdict.DIVERGED if is_div[m] else Verdict.STALLED if n_failed[m]
                        else Verdict.BASELINE)
         else:
-            p_use = r["p"] if correction == "none" else padj[correction]
-            if m not in family:
-                p_use = _NAN
-            verdict = decide(
-                improvement=improvement, p_adjusted=p_use, sigma=floor.sigma, alpha=alpha,
-                floor_sigmas=floor_sigmas, diverged=is_div[m], stalled=failed[m],
-            )
+            p_use = (mt.p if correction == "none" else padj[correction]) if in_family else _NAN
+            score_verdict = decide(improvement=improvement, p_adjusted=p_use,
+                                   sigma=floor.sigma, alpha=alpha, floor_sigmas=floor_sigmas)
+            kind = Verdict.DIVERGED if is_div[m] else Verdict.STALLED
+            rate, rate_b = (n_failed[m] / n_total[m] if n_total[m] else 0.0,
+                            n_failed[baseline] / n_total[baseline] if n_total[baseline] else 0.0)
+            shown_more = fail_adj <= alpha and rate > rate_b
+            if m in diverged:
+                verdict = Verdict.DIVERGED
+            elif n_failed[m] and (shown_more or g.n == 0):
+                verdict = kind
+                what = "diverged" if is_div[m] else "stalled"
+                notes[m].append(
+                    f"{n_failed[m]} of {n_total[m]} seeds {what} (baseline "
+                    f"{n_failed[baseline]} of {n_total[baseline]}): "
+                    + (f"shown to fail more often (Fisher p {fail_adj:.2g})" if shown_more
+                       else "no seed survived; the rate is not shown to differ from the "
+                            f"baseline's (Fisher p {p_fail[m]:.2g}"
+                            + ("" if math.isfinite(fail_adj) else ", which cannot reach α at "
+                               "these seed counts") + ")"))
+            else:
+                verdict = score_verdict
+                if n_failed[m]:
+                    notes[m].append(
+                        f"{n_failed[m]} of {n_total[m]} seeds failed (baseline "
+                        f"{n_failed[baseline]} of {n_total[baseline]}), a rate not shown to "
+                        f"differ (Fisher p {p_fail[m]:.2g}): judged on its {g.n} surviving "
+                        "seeds")
+            if math.isfinite(r["se"]) and math.isfinite(mt.df):
+                q = _t_isf(alpha / (2.0 * m_ci), mt.df)
+                ci = (r["delta"] - q * r["se"], r["delta"] + q * r["se"])
+                n_b = floor.n
+                d = detectable_effect(g.n, n_b, mt.df, alpha=alpha, n_tests=m_ci,
+                                      floor_sigmas=floor_sigmas)
+                mde_s, mde = d, d * r["scale"]
+            if verdict == Verdict.WITHIN_NOISE:
+                if math.isfinite(mde) and abs(r["delta"]) < mde:
+                    notes[m].append(f"not shown: |Δ| < MDE ({mde:.3g}, {mde_s:.2g}σ at "
+                                    f"{MDE_POWER:.0%} power)")
+                else:
+                    notes[m].append("not shown at this α: |Δ| is above the detectable effect "
+                                    "but its interval includes no effect")
+            if verdict == Verdict.UNDETERMINED and not notes[m]:
+                notes[m].append("no noise floor" if not floor.defined else "no finite seed")
         bd: BootstrapDifference | None = r["boot"]
         out.append(
             MethodResult(
@@ -1100,10 +1314,10 @@ def compare(
                 delta=r["delta"],
                 improvement=improvement,
                 z=r["z"],
-                test=test.test,
-                t=test.t,
-                df=test.df,
-                p=r["p"],
+                test=mt.test,
+                t=mt.t,
+                df=mt.df,
+                p=mt.p,
                 p_adjusted=padj,
                 significant=sig,
                 ci_mean=bootstrap_mean_ci(
@@ -1112,10 +1326,18 @@ def compare(
                 ci_delta=bd.ci if bd else (_NAN, _NAN),
                 prob_not_better=bd.prob_not_better if bd else _NAN,
                 paired=bd.paired if bd else False,
-                welch=r["welch"],
+                welch=mt.welch,
                 verdict=verdict,
                 floor=floor,
                 n_stalled=n_stalled[m],
+                note="; ".join(notes[m]),
+                ci=ci,
+                ci_level=level if math.isfinite(ci[0]) else _NAN,
+                mde=mde,
+                mde_sigma=mde_s,
+                p_failures=p_fail[m],
+                p_failures_adjusted=fail_adj,
+                homogeneity_p=hom_p,
             )
         )
     return out
