@@ -158,12 +158,16 @@ def test_no_warnings_with_three_seeds_and_flat_final_losses(tmp_path: Path) -> N
     md = (write_report(res, tmp_path / "report") / "report.md").read_text()
     assert "Warnings" not in md and "†" not in md
     rows = {r["method"]: r for r in res.comparisons["tiny"]}
-    assert rows["a"]["test"] == "welch" and not rows["a"]["fewer_seeds"]
+    # equal spreads: the pooled error term of the scale's 9 seeds (6 df) decides
+    assert rows["a"]["test"] == "pooled" and not rows["a"]["fewer_seeds"]
     line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1:4] == ["3", "1000", "100M"]
-    assert cells[7] == "Welch"
-    assert cells[8] == f"{rows['a']['t']:.3f} ({rows['a']['df']:.3f})"
+    assert cells[7] == "pooled t"
+    assert cells[8] == f"{rows['a']['t']:.3f} (6)"
+    lo, hi = rows["a"]["ci"]  # Δ with the test's simultaneous interval, and the 80 % MDE
+    assert lo < rows["a"]["delta"] < hi and cells[5].count("[") == 1
+    assert cells[14].endswith(f"({rows['a']['mde_sigma']:.1f}σ)")
 
 
 def test_one_seed_methods_warn_and_are_marked(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ STILL_FALLING = 0.01
 #: schedule): the report warns. The seed study trains 1.2B parameters on 23.07B tokens (~19).
 MIN_TOKENS_PER_PARAM = 10.0
 
-_TEST_NAMES = {"prediction": "prediction", "welch": "Welch", "none": "–"}
+_TEST_NAMES = {"pooled": "pooled t", "prediction": "prediction", "welch": "Welch",
+               "none": "–"}
 #: The verdicts of a method with a failed seed (analysis.stats.Verdict): no test, no average.
 FAILED = ("diverged", "stalled")
 
@@ -108,14 +109,22 @@ def write_report(results: StudyResults, out: Path) -> Path:
              f"`{metric}` ({'higher' if higher_is_better(metric) else 'lower'} is better). "
              f"Verdict rule: a method is an improver (degrader) when its {CORRECTION.title()}"
              f"-corrected p ≤ α = {ALPHA:g}, {CORRECTION.title()} over the non-baseline "
-             f"methods of its scale without a failed seed, and |Δ| > {FLOOR_SIGMAS:g}σ, σ being "
-             "the std of the baseline's n seeds (n − 1 degrees of freedom). A method with a "
-             "seed that diverged or stalled (ended at the unigram level) is a failure: its "
-             "verdict is diverged or stalled, and its seeds are not averaged. The p-values are "
-             "two-sided and use a t reference, since σ is itself estimated from a few seeds: a "
-             "method with one seed gets the prediction test, t = Δ / (σ·√(1 + 1/n)) with "
-             "n − 1 df (is the seed outside the baseline's prediction interval?); a method "
-             "with two or more seeds gets Welch's t of its seeds against the baseline's. "
+             f"methods of its scale (one score test each, and one failure-rate test for each "
+             f"method with a failed seed), and |Δ| > {FLOOR_SIGMAS:g}σ, σ being "
+             "the std of the baseline's n seeds (n − 1 degrees of freedom). Failed seeds "
+             "(diverged, or stalled at the unigram level) are judged as a rate: k of n against "
+             "the baseline's by Fisher's exact test; the verdict is diverged or stalled when "
+             "that test shows the method fails more often or no seed survived, otherwise its "
+             "surviving seeds are compared. The p-values are two-sided and use a t reference, "
+             "since σ is itself estimated from a few seeds. When the Brown–Forsythe check does "
+             "not reject equal variances, every method is tested with the pooled error term "
+             "of all the scale's groups (pooled t, Σ(n_i − 1) df); otherwise a method with one "
+             "seed gets the prediction test, t = Δ / (σ·√(1 + 1/n)) with n − 1 df, and one "
+             "with two or more seeds Welch's t; the test column names the one that decided. "
+             "No verdict rests on an estimated σ of 0 (below 1e-6 of the mean): undetermined. "
+             "Δ [CI] is the test's interval, simultaneous (Bonferroni) over the scale's "
+             "methods; MDE is the |Δ| the test finds with 80 % power at this design (in σ in "
+             "brackets); within_noise with |Δ| < MDE means not shown, not no effect. "
              "z = Δ/σ is descriptive only. Bonferroni and Benjamini–Hochberg adjusted p are "
              "shown beside Holm's; * marks adjusted p ≤ α."))
     _table2(results, blocks)
@@ -204,9 +213,9 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
         blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
                                  f"{floor.get('n', 0)} seeds ({_df(df)} degrees of freedom; "
                                  f"mean {_fmt(floor.get('mean'))})."))
-        header = ["method", "seeds", "steps", "tokens", metric, "Δ", "z", "test", "t (df)", "p",
-                  *[f"p {c}" for c in CORRECTIONS], "verdict", "params", "train FLOPs/token",
-                  "FLOPs ×"]
+        header = ["method", "seeds", "steps", "tokens", metric, "Δ [CI]", "z", "test", "t (df)",
+                  "p", *[f"p {c}" for c in CORRECTIONS], "verdict", "MDE", "params",
+                  "train FLOPs/token", "FLOPs ×"]
         body = []
         for r in res:
             runs = [x for x in rows if x.scale == scale and x.method == r["method"]
@@ -223,7 +232,7 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
                 f"`{r['method']}`", f"{r['n']}" + (f" ({'; '.join(notes)})" if notes else ""),
                 _steps_cell(runs), _span([x.tokens for x in runs], _count),
                 _fmt(r["mean"]) + (f" ± {_fmt(r['std'], 2)}" if r["n"] > 1 else ""),
-                "" if r["is_baseline"] else _fmt(r["delta"]),
+                "" if r["is_baseline"] else _delta_cell(r),
                 "" if r["is_baseline"] else _fmt(r["z"], 3),
                 "" if r["is_baseline"] else _TEST_NAMES.get(test, test),
                 "" if r["is_baseline"] or test == "none"
@@ -232,13 +241,33 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
                 *["" if r["is_baseline"] else _fmt(r["p_adjusted"][c], 3)
                   + (" *" if sig.get(c) else "") for c in CORRECTIONS],
                 str(r["verdict"]) + (" †" if fewer else ""),
+                "" if r["is_baseline"] else _mde_cell(r),
                 _fmt(runs[0].params if runs else None),
                 _fmt(fl.train_flops_per_token if fl else None, 4),
                 _fmt(fl.flops_ratio if fl else None, 4),
             ])
         blocks.append(Block("table", header=header, rows=body))
+        noted = [f"`{r['method']}`: {r['note']}" for r in res if r.get("note")]
+        if noted:
+            blocks.append(Block("ul", items=noted))
         if any(r.get("fewer_seeds") and r["verdict"] not in FAILED for r in res):
             blocks.append(Block("p", _fewer_note(res)))
+
+
+def _delta_cell(r: dict[str, Any]) -> str:
+    """Δ and, where the test gave one, its simultaneous interval: ``-0.0123 [-0.02, -0.004]``."""
+    lo, hi = r.get("ci") or (math.nan, math.nan)
+    if isinstance(lo, float) and math.isfinite(lo) and math.isfinite(hi):
+        return f"{_fmt(r['delta'])} [{_fmt(lo)}, {_fmt(hi)}]"
+    return _fmt(r["delta"])
+
+
+def _mde_cell(r: dict[str, Any]) -> str:
+    """The minimum detectable |Δ| at 80 % power, with its size in σ: ``0.021 (3.1σ)``."""
+    mde, ms = r.get("mde", math.nan), r.get("mde_sigma", math.nan)
+    if isinstance(mde, float) and math.isfinite(mde):
+        return f"{_fmt(mde)} ({ms:.1f}σ)"
+    return "–"
 
 
 def _fewer_note(res: list[dict[str, Any]]) -> str:
