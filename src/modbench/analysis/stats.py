@@ -10,14 +10,17 @@ I/O. ``docs/statistics.md`` states every rule; the short version:
   ``delta`` is always the raw ``mean(method) - mean(baseline)`` in metric units;
   ``improvement`` is ``delta`` signed so that positive = better, and ``z`` and ``t`` have the
   same sign.
-* **Failures: divergence and stalls.** ``None``, NaN or ±inf in place of a score (or ``None``
-  in place of a whole method) is a failed run: a result, not an error. A failed run diverged
-  unless ``compare``'s ``stalled`` counts it as stalled (a run that ended at the unigram level
-  with finite losses, ``modbench.runtime.stall``): its score is not an ordinary value either,
-  so the caller passes it as ``None`` too. A method with any diverged seed gets the verdict
-  ``diverged``; otherwise one with any stalled seed gets ``stalled``. Either way its other
-  statistics are computed on its remaining finite seeds for information, but it is left out
-  of the multiple-comparison family and never asked for more seeds (``undecided``).
+* **Failures: divergence and stalls, judged as rates.** ``None``, NaN or ±inf in place of a
+  score (or ``None`` in place of a whole method) is a failed run: a result, not an error. A
+  failed run diverged unless ``compare``'s ``stalled`` counts it as stalled (a run that ended
+  at the unigram level with finite losses, ``modbench.runtime.stall``): its score is not an
+  ordinary value either, so the caller passes it as ``None`` too. A method's k failed seeds of
+  n are tested against the baseline's with Fisher's exact test in the verdict's Holm family
+  (left out where it cannot reach alpha at those counts: Tarone 1990). The method is
+  ``diverged`` (any diverged seed) or ``stalled`` when that test shows it fails more often, or
+  when no seed survived; otherwise its surviving seeds are compared like any method's, with a
+  note. A baseline with failed seeds keeps its floor only with 3 finite seeds. Methods with a
+  failed seed are never asked for more seeds (``undecided``).
 * **Noise floor.** ``sigma`` is the unbiased (ddof=1) std of the baseline's seeds
   (``"baseline"``, the seed study's choice, ``n_b - 1`` degrees of freedom), or the pooled std
   of the baseline and the reference configurations (``"pooled"``), or the largest of their
@@ -26,23 +29,29 @@ I/O. ``docs/statistics.md`` states every rule; the short version:
   are ``undetermined``.
 * **z-score.** ``z = improvement / sigma``, descriptive only (the effect in units of the
   per-seed floor). ``sigma == 0``: ``z = ±inf`` when ``delta != 0``, ``z = 0`` when it is 0.
-* **Test, chosen by the method's finite seeds** (two-sided; ``t`` signed like ``z``):
-  one seed → the *prediction* test ``t = improvement / (sigma * sqrt(1 + 1/n_b))`` with the
-  floor's degrees of freedom (is the seed outside the baseline's prediction interval?); two or
-  more → *Welch's* t of the method's seeds against the baseline's. ``sigma == 0`` (both groups
-  constant for Welch): ``t = ±inf`` (p = 0) when ``delta != 0``, ``t = 0`` (p = 1) when 0.
+* **Test** (two-sided; ``t`` signed like ``z``): when the Brown–Forsythe check does not
+  reject equal variances, the *pooled* t with the error term of all the scale's groups
+  (``df = sum(n_i - 1)``); otherwise, by the method's finite seeds, one seed → the
+  *prediction* test ``t = improvement / (sigma * sqrt(1 + 1/n_b))`` with the floor's degrees
+  of freedom, two or more → *Welch's* t. No verdict from an estimated sigma of 0 or below
+  ``RESOLUTION`` (1e-6) of the baseline's mean: ``undetermined``.
 * **Verdict.** ``improver`` / ``degrader`` when the corrected p (default **Holm** over the
-  non-baseline, non-diverged methods with a finite p) is ``<= alpha`` (default 0.05) *and*
-  ``|delta| > floor_sigmas * sigma`` (default 1 sigma); otherwise ``within_noise``.
-  ``fewer_seeds`` marks a method with fewer finite seeds than the baseline.
+  score tests and the failure-rate tests) is ``<= alpha`` (default 0.05) *and*
+  ``|delta| > floor_sigmas * sigma`` (default 1 sigma); otherwise ``within_noise``, whose
+  ``note`` reads "not shown: |Δ| < MDE" where that is true. Every compared method has the
+  test's Bonferroni-simultaneous interval for delta (``ci``) and its minimum detectable effect
+  at 80 % power (``mde``, ``mde_sigma``). ``fewer_seeds`` marks a method with fewer finite
+  seeds than the baseline.
 * **Bootstrap.** Percentile intervals from ``n_resamples`` (default 10,000) resamples of the
   seeds with replacement, ``np.random.default_rng(seed)`` created afresh for every method (so
   a method's interval does not depend on the other methods in the table). Paired (one index
   draw shared by both groups) only when both groups are given as ``{seed: score}`` mappings
   over the same seeds (or ``paired=True`` with equal-length lists); unpaired otherwise.
 
-Which parts are library calls: the normal and Student-t distributions (``scipy.stats.norm``,
-``scipy.stats.t``), Welch's t (``scipy.stats.ttest_ind(equal_var=False)``), Stouffer
+Which parts are library calls: the normal, Student-t and noncentral-t distributions
+(``scipy.stats.norm``, ``scipy.stats.t``, ``scipy.stats.nct``), Welch's t
+(``scipy.stats.ttest_ind(equal_var=False)``), Brown–Forsythe (``scipy.stats.levene``),
+Fisher's exact test (``scipy.stats.fisher_exact``), Stouffer
 (``scipy.stats.combine_pvalues(method="stouffer")``), ranks and Spearman
 (``scipy.stats.rankdata``, ``scipy.stats.spearmanr``), Bonferroni and Benjamini–Hochberg
 (``statsmodels.stats.multitest.multipletests``). Around each call this module keeps its own
