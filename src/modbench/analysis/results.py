@@ -192,10 +192,11 @@ DECIDED = ("improver", "degrader", "diverged", "stalled")
 class ClaimRow:
     """One method's verdict at one scale against the verdicts a published claim predicts.
 
-    ``outcome``: ``agrees`` (the verdict is one the claim predicts), ``contradicts`` (a
-    decided verdict, improver / degrader / diverged / stalled, the claim does not predict) or
-    ``not shown`` (within noise or undetermined where the claim predicts an effect: this
-    study could not tell), ``not run`` (no finished runs)."""
+    ``outcome``: ``agrees`` (the verdict is one the claim predicts and shows it),
+    ``contradicts`` (a decided verdict, improver / degrader / diverged / stalled, the claim
+    does not predict) or ``not shown`` (within noise or undetermined where the claim predicts
+    an effect: this study could not tell; and within noise where the claim allows it but the
+    interval does not show it, :func:`shows_within_noise`), ``not run`` (no finished runs)."""
 
     scale: str
     method: str
@@ -224,16 +225,46 @@ class ClaimCheck:
         return "contradicted" if self.count("contradicts") else "partly shown"
 
 
+def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, ...]) -> bool:
+    """Whether a ``within_noise`` result shows what a claim allowing it says, by the test's
+    simultaneous interval (``compare``'s ``ci``) against the margin ``FLOOR_SIGMAS`` sigma (the
+    verdict's own |delta| guard): with ``improver`` also expected ("at least as well as"), the
+    least favourable end of the interval must be better than -margin (non-inferiority); with
+    ``degrader`` also expected, its most favourable end below +margin; with neither ("no
+    effect"), both (equivalence by the interval inside ±margin, as TOST at level alpha/2 per
+    side). An interval that reaches past the margin cannot show the claim: ``not shown``, never
+    ``agrees``. The margin is the rule's until a spec can declare one (issue 29, item 3)."""
+    lo, hi = result.get("ci") or (math.nan, math.nan)
+    floor = result.get("floor") or {}
+    sigma = floor.get("sigma", math.nan)
+    sign = 1.0 if floor.get("higher_is_better", True) else -1.0
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in (lo, hi, sigma)):
+        return False
+    worst, best = sorted((sign * lo, sign * hi))  # the interval of the improvement
+    margin = FLOOR_SIGMAS * sigma
+    not_worse, not_better = worst > -margin, best < margin
+    if "improver" in expected and "degrader" not in expected:
+        return not_worse
+    if "degrader" in expected and "improver" not in expected:
+        return not_better
+    return not_worse and not_better
+
+
 def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, list[str]],
                 source: str = "", text: str = "") -> ClaimCheck:
     """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
-    against the verdicts ``expect`` lists for it."""
+    against the verdicts ``expect`` lists for it; a ``within_noise`` verdict agrees only where
+    its interval shows it (:func:`shows_within_noise`)."""
     rows: list[ClaimRow] = []
     for scale, results in comparisons.items():
         verdicts = {r["method"]: str(r["verdict"]) for r in results}
+        by_method = {r["method"]: r for r in results}
         for method, expected in expect.items():
             verdict = verdicts.get(method, "missing")
-            if verdict in expected:
+            if verdict == "within_noise" and verdict in expected:
+                shown = shows_within_noise(by_method[method], expected)
+                outcome = "agrees" if shown else "not shown"
+            elif verdict in expected:
                 outcome = "agrees"
             elif verdict == "missing":
                 outcome = "not run"
