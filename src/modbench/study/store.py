@@ -10,7 +10,11 @@
 The index is SQLite in WAL mode with a busy timeout, so several worker processes (or
 machines sharing the folder on a file system with working locks) can claim and finish runs
 concurrently: a run is claimed with a conditional UPDATE, so two workers never train the same
-run. The run folders are the source of truth; the index can be rebuilt from them.
+run. The run folders are the source of truth and the index a cache of them: an index that is
+empty (zero bytes), truncated or garbled is moved aside (``index.sqlite.damaged-<time>``) and
+rebuilt from the run folders (:func:`rebuild_rows`), with a one-line notice on stderr. The
+check and the rebuild run under an flock on ``DIR/.index.lock``, so processes opening the
+store at once neither rebuild twice nor mistake a new index for a damaged one.
 
 A claim may carry a *lease*: a token a cluster executor gives one job, the same for every
 attempt of it (a Ray task retried after its worker died, a SLURM array task requeued after a
@@ -20,10 +24,13 @@ claim left by a dead attempt, on this host or another, never blocks the retry.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import sqlite3
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,14 +56,35 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
+INDEX = "index.sqlite"
+
+
 class Store:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "runs").mkdir(exist_ok=True)
+        with _index_lock(self.root):
+            damage = index_damage(self.root / INDEX)
+            if damage is not None:
+                aside = _move_aside(self.root / INDEX)
+            with self._db() as db:
+                db.executescript(SCHEMA)
+                _add_lease_column(db)
+            if damage is not None:
+                n = self._rebuild()
+                print(f"modbench: {self.root / INDEX} was {damage}; moved to {aside.name} and "
+                      f"rebuilt from {n} run folder(s)", file=sys.stderr)
+
+    def _rebuild(self) -> int:
+        rows = rebuild_rows(self.root)
         with self._db() as db:
-            db.executescript(SCHEMA)
-            _add_lease_column(db)
+            for r in rows:
+                db.execute("INSERT OR REPLACE INTO runs (key, scale, method, seed, state, status, "
+                           "finished_at, summary, eval) VALUES (?,?,?,?,?,?,?,?,?)",
+                           (r["key"], r["scale"], r["method"], r["seed"], r["state"],
+                            r["status"], r["finished_at"], r["summary"], r["eval"]))
+        return len(rows)
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -142,6 +170,98 @@ class Store:
         with self._db() as db:
             r = db.execute("SELECT state FROM runs WHERE key=?", (key,)).fetchone()
             return r["state"] if r else None
+
+
+@contextlib.contextmanager
+def _index_lock(root: Path) -> Iterator[None]:
+    """Serialise the index's damage check, rebuild and schema set-up (short, blocking)."""
+    fd = os.open(root / ".index.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def index_damage(path: Path) -> str | None:
+    """What is wrong with an existing index file (None: nothing, or no file yet)."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "not a file"
+    wal = path.with_name(path.name + "-wal")
+    if path.stat().st_size == 0:
+        return None if wal.is_file() and wal.stat().st_size > 0 else "empty (zero bytes)"
+    try:
+        db = sqlite3.connect(path, timeout=60)
+        try:
+            ok = db.execute("PRAGMA quick_check").fetchone()
+            db.execute("SELECT count(*) FROM runs").fetchone()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        return f"damaged ({str(e).splitlines()[0][:80]})"
+    if not ok or ok[0] != "ok":
+        return f"damaged (integrity check: {str(ok[0] if ok else '?')[:80]})"
+    return None
+
+
+def _move_aside(path: Path) -> Path:
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    os.replace(path, aside)
+    for extra in ("-wal", "-shm"):  # the journal of the damaged file goes with it
+        side = path.with_name(path.name + extra)
+        if side.exists():
+            os.replace(side, aside.with_name(aside.name + extra))
+    return aside
+
+
+def rebuild_rows(root: Path) -> list[dict[str, Any]]:
+    """The index rows of the run folders under ``ROOT/runs``: a finished run (its
+    ``summary.json``) done with its summary and ``eval.json``, any other pending (a later
+    ``study run`` resumes it). Scale, method and seed come from the study's ``spec.yaml`` where
+    it names the run's key, else from the run's ``config.yaml``."""
+    import yaml
+
+    named: dict[str, tuple[str, str, int]] = {}
+    with contextlib.suppress(Exception):  # no spec, or one this version cannot expand
+        from modbench.study.spec import expand, load_spec
+
+        if (root / "spec.yaml").is_file():
+            named = {r.key: (r.scale, r.method, r.seed)
+                     for r in expand(load_spec(root / "spec.yaml"))}
+    rows = []
+    for folder in sorted((root / "runs").iterdir()) if (root / "runs").is_dir() else []:
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        key = folder.name
+        if key in named:
+            scale, method, seed = named[key]
+        else:
+            try:
+                cfg = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+                scale, method = str(cfg["preset"]), str(cfg["model"]["method"])
+                seed = int(cfg["seed"])
+            except Exception:
+                continue  # not a run folder this index can describe
+        summary = _json_file(folder / "summary.json")
+        evaluation = _json_file(folder / "eval.json")
+        done = isinstance(summary, dict)
+        rows.append({
+            "key": key, "scale": scale, "method": method, "seed": seed,
+            "state": "done" if done else "pending",
+            "status": summary.get("status") if done else None,
+            "finished_at": (folder / "summary.json").stat().st_mtime if done else None,
+            "summary": json.dumps(summary) if done else None,
+            "eval": json.dumps(evaluation) if done and isinstance(evaluation, dict) else None})
+    return rows
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _add_lease_column(db: sqlite3.Connection) -> None:

@@ -1,0 +1,84 @@
+"""The study index as a cache of the run folders (modbench.study.store): a zero-length,
+truncated or garbled ``index.sqlite`` is moved aside and rebuilt from the run folders with
+a one-line notice, and the report made from the rebuilt index equals the one before;
+``study report`` never replaces a report with one that has fewer finished runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SPEC = {"name": "damage", "methods": ["qknorm"], "scales": ["tiny"],
+        "seeds": {"default": [0], "noise_floor": [0]},
+        "overrides": ["train.steps=2", "train.eval_every=0", "train.threads=1"],
+        "evaluation": {"probes": False}}
+
+
+def _modbench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "modbench", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("store")
+    spec = tmp / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    r = _modbench("study", "run", str(spec), "--out", str(tmp / "s"), "--workers", "1",
+                  "--no-progress")
+    assert r.returncode == 0, r.stderr
+    return tmp / "s"
+
+
+def _damage(index: Path, how: str) -> None:
+    for side in ("-wal", "-shm"):
+        index.with_name(index.name + side).unlink(missing_ok=True)
+    data = index.read_bytes()
+    if how == "zero":
+        index.write_bytes(b"")
+    elif how == "half":
+        index.write_bytes(data[: len(data) // 2])
+    elif how == "garbled":
+        index.write_bytes(bytes((b * 7 + 13) % 256 for b in data))
+
+
+@pytest.mark.parametrize("how", ["zero", "half", "garbled"])
+def test_damaged_index_rebuilt_and_report_unchanged(study: Path, how: str,
+                                                    tmp_path: Path) -> None:
+    s = tmp_path / "s"
+    shutil.copytree(study, s)
+    assert _modbench("study", "report", str(s)).returncode == 0  # the report names its folder
+    before = {n: (s / "report" / n).read_text() for n in ("report.md", "results.csv")}
+    with sqlite3.connect(s / "index.sqlite") as db:  # fold the WAL into the file first
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    _damage(s / "index.sqlite", how)
+    r = _modbench("study", "status", str(s))
+    assert r.returncode == 0, r.stderr
+    notice = [line for line in r.stderr.splitlines() if "rebuilt from" in line]
+    assert len(notice) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "2 runs — 2 completed" in r.stdout, r.stdout
+    assert list(s.glob("index.sqlite.damaged-*"))  # kept aside, not deleted
+    r = _modbench("study", "report", str(s))
+    assert r.returncode == 0, r.stderr
+    assert "rebuilt" not in r.stderr  # rebuilt once
+    after = {n: (s / "report" / n).read_text() for n in ("report.md", "results.csv")}
+    assert after == before
+
+
+def test_report_with_fewer_finished_runs_is_refused(study: Path, tmp_path: Path) -> None:
+    s = tmp_path / "s"
+    shutil.copytree(study, s)
+    before = (s / "report" / "report.md").read_text()
+    with sqlite3.connect(s / "index.sqlite") as db:  # a valid index that lost its rows
+        db.execute("DELETE FROM runs")
+    r = _modbench("study", "report", str(s))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "report was kept" in r.stderr
+    assert (s / "report" / "report.md").read_text() == before
