@@ -17,7 +17,8 @@ so the child is measured twice: with glibc told to return freed memory
 (``MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0``: the figure compared) and with its
 defaults (reported beside it: what a CPU run's RSS really is).
 
-    python benchmarks/plan_vs_measured.py            # 3 presets x 3 methods, a table
+    python benchmarks/plan_vs_measured.py            # 4 presets x 3 methods, a table
+    python benchmarks/plan_vs_measured.py --preset tiny --preset cpu-small
     python benchmarks/plan_vs_measured.py --json
 
 Each subprocess stays under about 3 GB (llama-60m at batch 16).
@@ -34,6 +35,7 @@ import time
 from typing import Any
 
 CASES = {  # preset: (batch size, micro-batch)
+    "tiny": (32, 16),
     "cpu-small": (16, 8),
     "cpu-deep": (32, 16),
     "llama-60m": (16, 8),
@@ -104,6 +106,8 @@ def planned(preset: str, method: str, batch: int, micro: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--preset", action="append", choices=sorted(CASES),
+                    help="only these presets (repeatable) [default: all]")
     ap.add_argument("--child", nargs=4, metavar=("PRESET", "METHOD", "BATCH", "MICRO"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -113,6 +117,8 @@ def main() -> None:
         return
     rows = []
     for preset, (batch, micro) in CASES.items():
+        if args.preset and preset not in args.preset:
+            continue
         for method in METHODS:
             t0 = time.perf_counter()
             plan = planned(preset, method, batch, micro)
