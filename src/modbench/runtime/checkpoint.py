@@ -74,13 +74,60 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         ) from e
     except Exception as e:  # a truncated or foreign file
         raise ModbenchError(
-            f"checkpoint {path} cannot be read ({e.__class__.__name__}); delete it and "
-            "train again, or resume from a copy"
+            f"checkpoint {path} cannot be read ({e.__class__.__name__}: truncated, or not a "
+            "checkpoint); resume from a copy of it, or train again into a new --out"
         ) from e
     if not isinstance(state, dict):
         raise ModbenchError(f"checkpoint {path} is not a modbench checkpoint (not a mapping); "
                             "use checkpoints written by modbench only")
+    check_checkpoint(state, path)
     return state
+
+
+def _not_modbench(path: Path, what: str) -> ModbenchError:
+    return ModbenchError(f"checkpoint {path} is not a modbench checkpoint ({what}); use a "
+                         "checkpoint written by modbench, or a copy of this one from before")
+
+
+def check_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """What every modbench checkpoint holds (training runs, remove-norm outputs): ``model``,
+    a mapping of parameter names to tensors, and ``step``, a whole number of steps; and,
+    where present, ``metrics_offset`` a whole number of bytes. One line for each defect,
+    instead of a ``KeyError`` wherever the file is read."""
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        raise _not_modbench(path, "no 'model' mapping of tensors")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise _not_modbench(path, f"'step' is {step!r}, not a whole number of steps")
+    offset = state.get("metrics_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise _not_modbench(path, f"'metrics_offset' is {offset!r}, not a byte count")
+
+
+#: what a checkpoint must hold to resume training from it, besides check_checkpoint's
+TRAINING_KEYS = ("optimizer", "train_time", "initial_val_loss", "metrics_offset")
+
+
+def check_resumable(state: dict[str, Any], path: Path, metrics: Path) -> int:
+    """The byte length of ``metrics`` (the run's ``metrics.jsonl``) that a resume from
+    ``state`` keeps, checked: the training keys are there, and the log is a regular file (a
+    resume cuts it back: it never follows a symbolic link) at least that long (a shorter one
+    was cut or replaced since the checkpoint; a resume would extend it with zeros)."""
+    missing = [k for k in TRAINING_KEYS if k not in state]
+    if missing:
+        raise _not_modbench(path, f"no {', '.join(missing)}: not a training checkpoint")
+    offset = int(state["metrics_offset"])
+    if metrics.is_symlink() or (metrics.exists() and not metrics.is_file()):
+        raise ModbenchError(f"cannot resume: {metrics} is not a regular file (a symbolic link "
+                            "or a folder); a resume rewrites it, so put the log itself there")
+    size = metrics.stat().st_size if metrics.exists() else 0
+    if size < offset:
+        raise ModbenchError(f"cannot resume: {metrics} has {size} bytes but the checkpoint "
+                            f"{path} was written after {offset}; the log was cut or replaced "
+                            "since; restore it, or train again into a new --out")
+    return offset
 
 
 def mapped_file(tensor: torch.Tensor) -> str | None:
@@ -107,6 +154,9 @@ def checkpoint_step(path: Path) -> int:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         state = load_checkpoint(path)  # not a zip checkpoint: the full, checked load
+    if not isinstance(state, dict):
+        raise _not_modbench(path, "not a mapping")
+    check_checkpoint(state, path)
     return int(state["step"])
 
 

@@ -62,6 +62,7 @@ from modbench.methods.build import plan_run, reads_train_seq_len
 from modbench.runtime.callback import Callback
 from modbench.runtime.checkpoint import (
     Preempted,
+    check_resumable,
     checkpoint_step,
     load_checkpoint,
     previous_path,
@@ -597,6 +598,8 @@ class Trainer:
 
     def _resume(self, m: Member, path: Path) -> int:
         state = load_checkpoint(path)
+        if self.world.main:  # keys, offset and log checked before the log is cut back
+            check_resumable(state, path, m.out / METRICS)
         self._check_same_data(m, state.get("data_fingerprint"))
         self.engine.load_state_dict(m.index, state)
         step = int(state["step"])
@@ -701,6 +704,9 @@ class Trainer:
     def _check_out_dir(self, m: Member) -> None:
         if self.resume:
             cfg_file = m.out / CONFIG
+            if (m.out / METRICS).is_symlink():  # a resume cuts the log: never a link's target
+                raise ModbenchError(f"cannot resume: {m.out / METRICS} is a symbolic link; a "
+                                    "resume rewrites it, so put the log itself there")
             if not cfg_file.is_file():
                 raise ModbenchError(f"cannot resume: {m.out} has no {CONFIG}; run without "
                                     "--resume")
