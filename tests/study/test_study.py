@@ -86,6 +86,9 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         assert before["train"].pop("stall_margin") == 0.1
         assert before["train"].pop("stall_patience") == 0.5
         assert before["train"].pop("stall_min_steps") == 100
+        # issue 27: how a run fits and survives on a cluster, at their defaults
+        assert before["train"].pop("dist_timeout") == 1800.0  # an execution key
+        assert before["train"].pop("device_memory_gb") is None
         # recipe.optimizer=muon's keys at their defaults (issue 18)
         assert before["recipe"].pop("muon_momentum") == 0.95
         assert before["recipe"].pop("muon_nesterov") is True
