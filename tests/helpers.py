@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from modbench.config import RunConfig, resolve
-from modbench.model.stream import StreamState
+from modbench.model.stream import Record, StreamState
 
 
 def tiny(method: str = "baseline", seed: int = 0, steps: int = 30, *overrides: str) -> RunConfig:
@@ -24,18 +26,32 @@ def train_losses(run: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run) if r["kind"] == "train"]
 
 
-def run_capturing(model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, StreamState]:
-    """Logits and the forward's StreamState (every sublayer's input, output, after)."""
+@dataclass
+class Captured(StreamState):
+    """The forward's final StreamState, with the records of its sublayers (``history``)."""
+
+    history: list[Record] = field(default_factory=list)
+
+
+def run_capturing(model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, Captured]:
+    """Logits, and the forward's final StreamState with every sublayer's record (input,
+    output, after), taken through the stream's recorder hook."""
     seen: list[StreamState] = []
-    finish = model.stream.finish  # type: ignore[union-attr]
+    records: list[Record] = []
+    stream = model.stream  # type: ignore[union-attr]
+    finish = stream.finish
 
     def capture(state: StreamState) -> torch.Tensor:
         seen.append(state)
         return finish(state)
 
-    model.stream.finish = capture  # type: ignore[union-attr,method-assign]
+    stream.finish = capture
+    handle = stream.add_recorder(records.append)
     try:
         logits = model(idx)
     finally:
-        del model.stream.finish  # type: ignore[union-attr]
-    return logits, seen[0]
+        del stream.finish
+        handle.remove()
+    final = seen[0]
+    fields = {f.name: getattr(final, f.name) for f in dataclasses.fields(StreamState)}
+    return logits, Captured(**fields, history=records)

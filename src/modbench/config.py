@@ -29,6 +29,7 @@ from modbench.errors import ModbenchError, suggest
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
 COMPILE = ("auto", True, False)  # train.compile
+_EVERY_K = re.compile(r"every:[1-9][0-9]*")  # train.activation_checkpointing=every:K
 TRACKERS = ("wandb", "tensorboard")  # train.trackers (modbench.train.trackers)
 
 #: Settings of how a run executes, not of what it computes (beyond floating-point rounding),
@@ -258,9 +259,11 @@ class TrainConfig:
     # all-reduce, a checkpoint's gather) before the run fails in one line naming this key;
     # passed to init_process_group. How long it may wait, never what it computes.
     dist_timeout: float = 1800.0
-    # Recompute each decoder block's activations in the backward (torch.utils.checkpoint)
-    # instead of keeping them: less memory, about one more forward of compute, same numbers.
-    activation_checkpointing: bool = False
+    # Recompute decoder blocks' activations in the backward (torch.utils.checkpoint) instead
+    # of keeping them: less memory, more compute, the same numbers. false | true (= full:
+    # every block, each keeps only its input) | every:K (every K-th block) | attn (every
+    # block keeps its attention output and recomputes the rest); train/recompute.py.
+    activation_checkpointing: bool | str = False
     # Per-layer gradient norms and activation RMS in each logged training record of
     # metrics.jsonl (docs/diagnostics.md); only what is logged changes, never the numbers.
     log_layers: bool = False
@@ -317,6 +320,11 @@ class TrainConfig:
                 isinstance(self.dist_timeout, int | float) and 0 < self.dist_timeout < 1e9):
             raise ModbenchError(f"train.dist_timeout must be a positive number of seconds "
                                 f"(default 1800), got {self.dist_timeout!r}")
+        ac = self.activation_checkpointing
+        if not (isinstance(ac, bool) or ac in ("full", "attn")
+                or (isinstance(ac, str) and _EVERY_K.fullmatch(ac))):
+            raise ModbenchError(f"train.activation_checkpointing must be false, true (= full), "
+                                f"full, attn or every:K with K >= 1 (e.g. every:2), got {ac!r}")
         if self.parallel not in PARALLEL:
             raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
                                 f"{self.parallel!r}")

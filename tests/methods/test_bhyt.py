@@ -170,12 +170,9 @@ def test_paper_form_block_output_matches_direct_computation() -> None:
     x = torch.randn(2, 9, cfg.d_model, dtype=torch.float64,
                     generator=torch.Generator().manual_seed(4)) * 0.3
     from modbench.model.rope import rope_tables
-    from modbench.model.stream import ForwardContext
 
     cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, dtype=torch.float64)
-    state = model.stream.start(x)
-    ctx = ForwardContext(cos=cos[:9], sin=sin[:9], seq_len=9, stream=state)
-    model.blocks[1](model.stream, ctx)
+    state = model.blocks[1](model.stream.start(x).replace(cos=cos[:9], sin=sin[:9]))
     want = []
     for row in x:
         s = (row * row).mean(-1, keepdim=True)

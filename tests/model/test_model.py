@@ -126,14 +126,16 @@ def test_lm_loss_and_its_gradient_equal_the_sliced_form(dtype: torch.dtype) -> N
     assert torch.count_nonzero(grad[:, -1]) == 0
 
 
-def test_stream_shows_every_earlier_sublayer() -> None:
-    """Each merge sees the stream state with one record per earlier sublayer: its input,
-    its output and the stream value after it (the interface cross-layer methods build on)."""
+def test_stream_records_every_sublayer_and_keeps_none() -> None:
+    """Each merge sees the state the stream left: the value it merges into and the embedding,
+    no record of earlier sublayers; the stream hands every sublayer's record (its input, its
+    output and the stream value after it) to its recorders, in order, once each."""
     from modbench.model.spec import ModelSpec
-    from modbench.model.stream import StreamState
+    from modbench.model.stream import Record, StreamState
     from modbench.model.transformer import Transformer, baseline_spec
 
     seen: list[tuple[int, str, int]] = []
+    records: list[Record] = []
 
     class Probe(torch.nn.Module):
         def __init__(self, layer: int, sub: str) -> None:
@@ -141,11 +143,14 @@ def test_stream_shows_every_earlier_sublayer() -> None:
             self.layer, self.sub = layer, sub
 
         def forward(self, x: torch.Tensor, out: torch.Tensor, state: StreamState) -> torch.Tensor:
-            seen.append((self.layer, self.sub, len(state.history)))
-            for r in state.history:  # plain addition: after = input + output
+            seen.append((self.layer, self.sub, len(records)))
+            assert x is state.x and state.inputs == () and not state.kept
+            if len(seen) > 6:  # the second forward, with no recorder
+                return x + out
+            for r in records:  # plain addition: after = input + output
                 torch.testing.assert_close(r.after, r.input + r.output)
-            if state.history:
-                assert state.history[-1].after is x
+            if records:
+                assert records[-1].after is x
             else:
                 assert x is state.embedding
             return x + out
@@ -155,9 +160,14 @@ def test_stream_shows_every_earlier_sublayer() -> None:
     spec.fill("merge", lambda c, layer, sub: Probe(layer, sub), by="probe")
     model = Transformer(cfg, spec)
     model.init_weights()
+    handle = model.stream.add_recorder(records.append)
     model(torch.randint(0, cfg.vocab_size, (1, 5)))
+    handle.remove()
+    model(torch.randint(0, cfg.vocab_size, (1, 5)))
+    assert len(records) == 6
     assert seen == [(0, "attn", 0), (0, "ffn", 1), (1, "attn", 2), (1, "ffn", 3),
-                    (2, "attn", 4), (2, "ffn", 5)]
+                    (2, "attn", 4), (2, "ffn", 5)] + [(i // 2, ("attn", "ffn")[i % 2], 6)
+                                                      for i in range(6)]
 
 
 def test_bf16_autocast_path_trains(tmp_path: Path) -> None:

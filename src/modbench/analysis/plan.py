@@ -80,7 +80,7 @@ FP32 = 4
 #: A function that makes a model recompute its blocks' activations in the backward
 #: (``modbench.train.recompute.apply_activation_checkpointing``; the train layer passes it in,
 #: this layer cannot import it).
-Checkpointing = Callable[[nn.Module, str], None]
+Checkpointing = Callable[..., Any]  # (model, method, mode=...) -> ...
 
 
 @dataclass
@@ -97,7 +97,7 @@ class MemoryPlan:
     batch_size: int  # the global batch (sequences per optimizer step)
     seq_len: int
     ensembles: int
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str
     peak_bytes: int
     fits: bool  # peak_bytes <= usable_bytes
     terms: dict[str, int] = field(default_factory=dict)
@@ -441,7 +441,10 @@ def _context(cfg: RunConfig, device_type: str,
     if run.train.activation_checkpointing and checkpointing is None:
         raise ModbenchError("planning train.activation_checkpointing=true needs the "
                             "trainer's checkpointing (modbench plan and the trainer pass it)")
-    ckpt = checkpointing if run.train.activation_checkpointing else None
+    mode = run.train.activation_checkpointing
+    ckpt: Checkpointing | None = None
+    if mode and checkpointing is not None:
+        ckpt = functools.partial(checkpointing, mode=mode)  # the run's mode (full, every:K, attn)
     n, weights, opt, units = _resident(p, run.recipe.optimizer)
     return _Context(run, p, _Tracer(run, p, bf16, ckpt), n, weights, opt, units, bf16,
                     device_type)

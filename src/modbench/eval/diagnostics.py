@@ -315,13 +315,13 @@ def _sum_finite(x: torch.Tensor) -> tuple[float, int]:
 class _Hooks:
     """The forward hooks of one statistics pass: each sublayer's input (its pre-norm's input),
     the final norm's input, the FFN's hidden activations (the down projection's input), the
-    attention kernels' inputs and outputs, and the stream state (a block's arguments)."""
+    attention kernels' inputs and outputs, and the stream's records (its recorder hook)."""
 
     def __init__(self, model: nn.Module, layers: list[_LayerAcc]) -> None:
         self.model, self.layers = model, layers
         self.reads: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
-        self.states: list[Any] = []
+        self.records: list[Any] = []  # the stream's records of the forward
         self.hidden: dict[int, torch.Tensor] = {}
         self.handles: list[Any] = []
         # the block running now: a module shared by several layers (the tie slot) calls each
@@ -336,7 +336,7 @@ class _Hooks:
             for j, sub in enumerate((block.attn, block.ffn)):
                 self.handles.append(sub.pre_norm.register_forward_pre_hook(
                     self._reader(2 * i + j)))
-            self.handles.append(block.register_forward_pre_hook(self._state))
+            self.handles.append(block.register_forward_pre_hook(self._block))
             if parts.has_linear("down", i):
                 self.handles.append(parts.linear("down", i).register_forward_pre_hook(
                     self._hidden(i)))
@@ -344,6 +344,9 @@ class _Hooks:
             if isinstance(kernel, nn.Module):
                 self.handles.append(kernel.register_forward_hook(self._attention(i)))
         self.handles.append(self.model.final_norm.register_forward_pre_hook(self._final))
+        stream = getattr(self.model, "stream", None)
+        if callable(getattr(stream, "add_recorder", None)):
+            self.handles.append(stream.add_recorder(self.records.append))  # type: ignore
         try:
             yield
         finally:
@@ -357,11 +360,8 @@ class _Hooks:
                 self.reads[k] = args[0].detach()
         return hook
 
-    def _state(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    def _block(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         self.current = module.layer
-        ctx = args[1]
-        if not self.states or self.states[-1] is not ctx.stream:
-            self.states.append(ctx.stream)
 
     def _final(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         self.final = args[0].detach()
@@ -434,36 +434,23 @@ def _blocks(model: nn.Module) -> Sequence[nn.Module]:
 # ----------------------------------------------------------------------- skipping a block
 
 
-def _copy_extra(extra: dict[str, Any]) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
-            for k, v in extra.items()}
-
-
 @contextmanager
 def skipped(block: nn.Module, mode: str) -> Iterator[None]:
     """Block ``block`` replaced by the identity for the forwards inside the context.
 
-    ``restore``: a pre-hook saves the stream state (its value, its history, its scratch) and
-    a forward hook puts it back, so the state leaving the block is the state that entered it.
+    ``restore``: a forward hook returns the block's input state in place of its output, so
+    the stream leaving the block is the stream that entered it (the cores' kept tensors,
+    ``state.shared``, and auxiliary terms are the block's).
     ``zero``: forward hooks on both sublayers' branch outputs (their post-norm sites) return
     zeros, so the block adds nothing and the stream runs its own mixing as usual."""
     handles: list[Any] = []
     if mode == "restore":
-        saved: list[tuple[Any, int, dict[str, Any]]] = []
+        def restore(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+            # the stream's part as it entered; what the cores keep for later layers
+            # (Value-Residual's V_1) and the auxiliary terms as the block left them
+            return args[0].replace(shared=out.shared, aux=out.aux)
 
-        def save(module: nn.Module, args: tuple[Any, ...]) -> None:
-            st = args[1].stream
-            saved.append((st.x, len(st.history), _copy_extra(st.extra)))
-
-        def restore(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-            st = args[1].stream
-            x, n, extra = saved.pop()
-            st.x = x
-            del st.history[n:]
-            st.extra.clear()
-            st.extra.update(extra)
-
-        handles += [block.register_forward_pre_hook(save), block.register_forward_hook(restore)]
+        handles.append(block.register_forward_hook(restore))
     elif mode == "zero":
         def zero(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
             return torch.zeros_like(out)
@@ -607,7 +594,7 @@ def compute_diagnostics(model: nn.Module, batches: Sequence[torch.Tensor], *,
             model.zero_grad(set_to_none=True)
             hooks.reads.clear()
             hooks.hidden.clear()
-            hooks.states.clear()
+            hooks.records.clear()
             hooks.final = None
             with hooks.active():
                 loss = lm_loss(model(batch), batch)
@@ -679,7 +666,7 @@ def _stream_figures(hooks: _Hooks, layers: list[_LayerAcc], final: Moments) -> b
             acc_l.ffn.hidden.add(hooks.hidden[i])
     final.add(hooks.final)
     single = True
-    history = hooks.states[0].history if len(hooks.states) == 1 else []
+    history = hooks.records
     if len(history) != n_sub:
         return False
     for k, rec in enumerate(history):

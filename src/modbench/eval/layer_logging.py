@@ -42,7 +42,6 @@ The values are kept on the device, by step, until the trainer hands the record t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -97,6 +96,7 @@ class _Acts:
     sum of squares (on the device) and the count of the entries seen."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
         self.blocks, self.final = decoder_sites(model)
         n = len(self.blocks) + 1
         self.sq = torch.zeros(n, dtype=torch.float64, device=device)
@@ -108,23 +108,25 @@ class _Acts:
         self.count[i] += x.numel()
 
     def arm(self) -> list[Any]:
-        """Hooks that add each block's stream input and the final norm's input: a forward
-        hook on each block reads, from the forward's stream records, what its attention
-        sublayer read (the input of its pre-norm site). On the block, not the norm site:
-        under the tie slot one norm module serves several layers."""
-        blocks, final = self.blocks, self.final
+        """Hooks that add each block's stream input and the final norm's input: a recorder
+        on the stream adds what each attention sublayer read (the input of its pre-norm
+        site), by the record's layer; not a hook on the norm site, since under the tie slot
+        one norm module serves several layers. The stream calls no recorder while a block is
+        recomputed (activation checkpointing), so each input is added once."""
+        final = self.final
+        stream = getattr(self.model, "stream", None)
+        if not callable(getattr(stream, "add_recorder", None)):
+            raise ModbenchError("train.log_layers needs a modbench decoder (a model with a "
+                                "stream); set train.log_layers=false")
 
-        def block_read(i: int) -> Callable[..., None]:
-            def read(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-                history = args[1].stream.history
-                self.add(i, next(r.input for r in reversed(history)
-                                 if r.layer == module.layer and r.sublayer == "attn"))
-            return read
+        def attn_read(rec: Any) -> None:
+            if rec.sublayer == "attn":
+                self.add(rec.layer, rec.input)
 
         def final_read(module: nn.Module, args: tuple[Any, ...]) -> None:
-            self.add(len(blocks), args[0])
+            self.add(len(self.blocks), args[0])
 
-        return [*(b.register_forward_hook(block_read(i)) for i, b in enumerate(blocks)),
+        return [stream.add_recorder(attn_read),  # type: ignore[union-attr]
                 final.register_forward_pre_hook(final_read)]
 
     @property

@@ -68,7 +68,6 @@ from modbench.methods.base import Method, option_choice, register
 from modbench.model.norms import inv_rms
 from modbench.model.spec import SUBLAYERS, ModelSpec, parts_of
 from modbench.model.stream import (
-    Record,
     Stream,
     StreamState,
     claim_merge,
@@ -140,8 +139,9 @@ class DepthAttention(nn.Module):
 
 
 class AttnResStream(Stream):
-    """Depth sources in ``state.extra``; ``read`` runs sublayer k's op, ``write`` adds v_{k+1}
-    (full) or grows the block's partial sum (block)."""
+    """Depth sources in ``state.kept``: the completed ones (a tuple) and the block variant's
+    partial sum; ``read`` runs sublayer k's op, ``write`` adds v_{k+1} (full) or grows the
+    block's partial sum (block)."""
 
     def __init__(self, dim: int, n_layers: int, variant: str, blocks: int, eps: float) -> None:
         super().__init__()
@@ -151,37 +151,43 @@ class AttnResStream(Stream):
         self.starts = block_starts(self.n_sublayers, blocks)
 
     def start(self, x0: torch.Tensor) -> StreamState:
-        return StreamState(x=x0, embedding=x0, extra={SOURCES: [x0], PARTIAL: None})
+        return StreamState(x=x0, embedding=x0, kept={SOURCES: (x0,), PARTIAL: None})
 
-    def _sources(self, state: StreamState, k: int | None) -> list[torch.Tensor]:
-        sources: list[torch.Tensor] = state.extra[SOURCES]
+    def _sources(self, state: StreamState, k: int | None
+                 ) -> tuple[list[torch.Tensor], StreamState]:
+        sources: tuple[torch.Tensor, ...] = state.kept[SOURCES]
         if self.variant == "full":
-            return sources
-        partial = state.extra[PARTIAL]
+            return list(sources), state
+        partial = state.kept[PARTIAL]
         if partial is not None and (k is None or k in self.starts):
-            sources.append(partial)  # the block is complete
-            state.extra[PARTIAL] = partial = None
-        return sources if partial is None else [*sources, partial]
+            sources = (*sources, partial)  # the block is complete
+            state = state.replace(kept={**state.kept, SOURCES: sources, PARTIAL: None})
+            partial = None
+        return (list(sources) if partial is None else [*sources, partial]), state
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
+    def read(self, state: StreamState, layer: int, sublayer: str
+             ) -> tuple[torch.Tensor, StreamState]:
         k = sublayer_index(layer, sublayer)
-        state.x = self.ops[k](self._sources(state, k))
-        return state.x
+        sources, state = self._sources(state, k)
+        x = self.ops[k](sources)
+        return x, state.replace(x=x)
 
-    def write(self, state: StreamState, layer: int, sublayer: str, out: torch.Tensor,
-              merge: nn.Module, residual_norm: nn.Module) -> None:
+    def write(self, state: StreamState, layer: int, sublayer: str, x: torch.Tensor,
+              out: torch.Tensor, merge: nn.Module, residual_norm: nn.Module) -> StreamState:
         v = out.to(state.embedding.dtype)
         if self.variant == "full":
-            state.extra[SOURCES].append(v)
             newest = v
+            kept = {**state.kept, SOURCES: (*state.kept[SOURCES], v)}
         else:
-            partial = state.extra[PARTIAL]
+            partial = state.kept[PARTIAL]
             newest = v if partial is None else partial + v
-            state.extra[PARTIAL] = newest
-        state.history.append(Record(layer, sublayer, state.x, out, newest))
+            kept = {**state.kept, PARTIAL: newest}
+        self.record(layer, sublayer, x, out, newest)
+        return state.replace(kept=kept)
 
     def finish(self, state: StreamState) -> torch.Tensor:
-        return self.ops[self.n_sublayers](self._sources(state, None))
+        sources, _ = self._sources(state, None)
+        return self.ops[self.n_sublayers](sources)
 
     def extra_repr(self) -> str:
         extra = f", blocks={len(block_sizes(self.n_sublayers, self.blocks))}"

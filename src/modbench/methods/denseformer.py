@@ -108,6 +108,9 @@ class DenseFormerStream(AdditiveStream):
         self.alphas = nn.ParameterList(
             nn.Parameter(self._identity(len(dwa_sources(i, dilation)))) for i in self.blocks)
         self.slot = {i: n for n, i in enumerate(self.blocks)}
+        # X_j a DWA after block i or later reads: the state keeps only these
+        self.read_later = [{j for b in self.blocks if b >= i for j in dwa_sources(b, dilation)}
+                           for i in range(n_layers + 1)]
 
     @staticmethod
     def _identity(m: int) -> torch.Tensor:
@@ -121,18 +124,21 @@ class DenseFormerStream(AdditiveStream):
             a.copy_(self._identity(a.numel()))
 
     def start(self, x0: torch.Tensor) -> StreamState:
-        return StreamState(x=x0, embedding=x0, extra={KEY: [x0]})
+        # kept: X_0 .. X_l, those a later average reads (the others are None)
+        return StreamState(x=x0, embedding=x0, kept={KEY: (x0,)})
 
     def after_merge(self, state: StreamState, layer: int, sublayer: str,
-                    x: torch.Tensor) -> torch.Tensor:
-        if sublayer == "ffn":
-            outputs: list[torch.Tensor] = state.extra[KEY]
-            outputs.append(x)  # X_{layer + 1}
-            if layer in self.slot:
-                xs = [outputs[j] for j in dwa_sources(layer, self.dilation)]
-                with stream_precision(x):
-                    x = weighted_sum(self.alphas[self.slot[layer]], xs)
-        return x
+                    x: torch.Tensor) -> StreamState:
+        if sublayer != "ffn":
+            return state.replace(x=x)
+        outputs: tuple[Any, ...] = (*state.kept[KEY], x)  # X_{layer + 1}
+        if layer in self.slot:
+            xs = [outputs[j] for j in dwa_sources(layer, self.dilation)]
+            with stream_precision(x):
+                x = weighted_sum(self.alphas[self.slot[layer]], xs)
+        later = self.read_later[layer + 1]
+        outputs = tuple(o if j in later else None for j, o in enumerate(outputs))
+        return state.replace(x=x, kept={**state.kept, KEY: outputs})
 
     def extra_repr(self) -> str:
         return f"n_layers={self.n_layers}, dilation={self.dilation}, period={self.period}"

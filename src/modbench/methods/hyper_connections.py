@@ -92,7 +92,6 @@ from modbench.methods.base import Method, register
 from modbench.model.norms import inv_rms
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import (
-    Record,
     Stream,
     StreamState,
     claim_merge,
@@ -166,7 +165,8 @@ class HyperConnectionsStream(Stream):
         lanes = x0.unsqueeze(-2).expand(*x0.shape[:-1], self.n, x0.shape[-1])
         return StreamState(x=lanes, embedding=x0)
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
+    def read(self, state: StreamState, layer: int, sublayer: str
+             ) -> tuple[torch.Tensor, StreamState]:
         h = state.x
         with stream_precision(h):
             alpha, beta = self.conns[sublayer_index(layer, sublayer)].weights(h)
@@ -177,18 +177,18 @@ class HyperConnectionsStream(Stream):
             # its own tensor, and the pre-norm that keeps it does not keep the re-mixed lanes
             x_in = (a[..., :1, :] @ h).squeeze(-2)  # A_m^T H
             remixed = a[..., 1:, :] @ h  # A_r^T H
-        state.extra[KEY] = (x_in, remixed, beta)
-        return x_in
+        return x_in, state.keep(KEY, (remixed, beta))
 
-    def write(self, state: StreamState, layer: int, sublayer: str, out: torch.Tensor,
-              merge: nn.Module, residual_norm: nn.Module) -> None:
-        x_in, remixed, beta = state.extra.pop(KEY)
+    def write(self, state: StreamState, layer: int, sublayer: str, x: torch.Tensor,
+              out: torch.Tensor, merge: nn.Module, residual_norm: nn.Module) -> StreamState:
+        remixed, beta = state.kept[KEY]
         with stream_precision(remixed):
             lanes = beta.unsqueeze(-1) * out.unsqueeze(-2) + remixed
         if not is_identity(residual_norm):
             lanes = per_lane(residual_norm, lanes)
-        state.history.append(Record(layer, sublayer, x_in, out, lanes))
-        state.x = lanes
+        self.record(layer, sublayer, x, out, lanes)
+        kept = {k: v for k, v in state.kept.items() if k != KEY}
+        return state.replace(x=lanes, kept=kept)
 
     def finish(self, state: StreamState) -> torch.Tensor:
         return state.x.mean(dim=-2)
@@ -267,20 +267,20 @@ class TwoLaneStream(Stream):
     def start(self, x0: torch.Tensor) -> StreamState:
         return StreamState(x=x0, embedding=x0)
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
-        return state.x
+    def read(self, state: StreamState, layer: int, sublayer: str
+             ) -> tuple[torch.Tensor, StreamState]:
+        return state.x, state
 
-    def write(self, state: StreamState, layer: int, sublayer: str, out: torch.Tensor,
-              merge: nn.Module, residual_norm: nn.Module) -> None:
+    def write(self, state: StreamState, layer: int, sublayer: str, x: torch.Tensor,
+              out: torch.Tensor, merge: nn.Module, residual_norm: nn.Module) -> StreamState:
         k = sublayer_index(layer, sublayer)
-        x = state.x
         o = out.to(x.dtype)  # the slow lane lives in the stream's dtype (not autocast's)
         r = torch.sigmoid(self.slow_rate_logit[k]).to(x.dtype)
-        slow = state.extra.get(SLOW)
+        slow = state.kept.get(SLOW)
         slow = r * o if slow is None else (1 - r) * slow + r * o
-        state.extra[SLOW] = slow
-        state.x = residual_norm(merge(x, out, state) + self.slow_weight[k].to(x.dtype) * slow)
-        state.history.append(Record(layer, sublayer, x, out, state.x))
+        after = residual_norm(merge(x, out, state) + self.slow_weight[k].to(x.dtype) * slow)
+        self.record(layer, sublayer, x, out, after)
+        return state.replace(x=after, kept={**state.kept, SLOW: slow})
 
     def finish(self, state: StreamState) -> torch.Tensor:
         return state.x

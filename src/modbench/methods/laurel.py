@@ -41,8 +41,9 @@ Choices of our own:
 
 - Granularity: one LAUREL instance per residual connection, i.e. per *sublayer* (attention
   and FFN each have their own alpha, beta, A, B, gamma); the "activations" x_{i-j} of PA are
-  the inputs of the previous sublayers (the stream values, ``state.history[-j].input``, back
-  to the embedding), so one block holds two PA steps.
+  the inputs of the previous sublayers (the stream values, ``state.inputs[-j]``, back
+  to the embedding), so one block holds two PA steps. A PA merge declares how many it reads
+  (``inputs_kept``), and the model's state keeps that many (``model/stream.py``).
 - PA sums over the k *previous* activations x_{i-1} ... x_{i-k} (METHODS.md's sum over
   j < i); the paper's sum also has a j = 0 term gamma_{i,0} h_i(x_i), which here is LR's
   job, so that PA and LR combine without two terms doing the same thing. Sublayer i has
@@ -113,6 +114,7 @@ class LaurelMerge(nn.Module):
         super().__init__()
         self.dim, self.rw, self.lr_rank = dim, rw, lr_rank
         self.pa_rank, self.pa_terms = pa if pa is not None else (0, 0)
+        self.inputs_kept = self.pa_terms  # the earlier sublayer inputs the state must keep
         if rw is not None:
             self.rw_weight = nn.Parameter(torch.empty(2))  # (alpha, beta) before normalisation
         if lr_rank is not None:
@@ -151,14 +153,14 @@ class LaurelMerge(nn.Module):
         if self.lr_rank is not None:
             lin = lin + F.linear(F.linear(x, self.lr_down.to(x.dtype)), self.lr_up.to(x.dtype))
         if self.pa_terms:
-            if len(state.history) < self.pa_terms:
+            if len(state.inputs) < self.pa_terms:
                 raise ModbenchError(
                     f"laurel_pa needs the inputs of the {self.pa_terms} previous sublayers, but "
-                    f"the stream recorded {len(state.history)}; combine it with the standard "
+                    f"the stream kept {len(state.inputs)}; combine it with the standard "
                     "residual stream only"
                 )
             gamma = self.pa_gamma.to(x.dtype)
-            mix = sum(gamma[j] * state.history[-1 - j].input for j in range(self.pa_terms))
+            mix = sum(gamma[j] * state.inputs[-1 - j] for j in range(self.pa_terms))
             if self.pa_rank:
                 mix = F.linear(F.linear(mix, self.pa_down.to(x.dtype)), self.pa_up.to(x.dtype))
             lin = lin + mix

@@ -53,7 +53,7 @@ Choices of our own (where the abstract is silent):
 - Where: the rotation is applied to the stream value after the attention sublayer's write,
   i.e. after its merge and post-residual norm, x <- R_l(residual_norm(merge(x, out))), so
   it composes with every merge (LayerScale, DeepNorm, LAUREL) and placement as the additive
-  stream does; the attention sublayer's history record holds the rotated value.
+  stream does; the attention sublayer's record holds the rotated value.
 - The DC direction is the unit all-ones vector u = 1_d / sqrt(d) (the mean of all
   coordinates, orthogonal to every zero-sum, "balanced", pattern across the channels), and
   the horn's component along it is r(p) (each coordinate gets r(p) / sqrt(d)). The paper's
@@ -171,8 +171,8 @@ class ThreePhaseStream(AdditiveStream):
         return StreamState(x=x0, embedding=x0)
 
     def after_merge(self, state: StreamState, layer: int, sublayer: str,
-                    x: torch.Tensor) -> torch.Tensor:
-        return self.rotate(x, layer) if sublayer == "attn" else x
+                    x: torch.Tensor) -> StreamState:
+        return state.replace(x=self.rotate(x, layer) if sublayer == "attn" else x)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, n_layers={self.n_layers}, phases={self.phases}, "

@@ -1,20 +1,21 @@
-"""The residual stream as an object, and the per-forward context.
+"""The residual stream as an object, and the per-forward state a block maps to the next.
 
-The block never adds residuals itself. For every sublayer it asks the stream for the input
-and hands the branch output back::
+A block is a function of tensors: ``Block.forward(state) -> state``, ``state`` a
+:class:`StreamState` (a small dataclass of tensors). The block never adds residuals itself. For
+every sublayer it asks the stream for the input and hands the branch output back; the
+stream's methods are pure functions of the state (they return a new state, never change the
+one they are given)::
 
     state = stream.start(x0)                                   # once per forward
-    x = stream.read(state, layer, "attn")                      # the sublayer's input
-    out = post_norm(core(pre_norm(x)))
-    stream.write(state, layer, "attn", out, merge, residual_norm)
+    x, state = stream.read(state, layer, "attn")               # the sublayer's input
+    out = post_norm(core(pre_norm(x), ctx))
+    state = stream.write(state, layer, "attn", x, out, merge, residual_norm)
     ...
     h = final_norm(stream.finish(state))                       # once per forward
 
 A stream is an ``nn.Module`` built once per model by the ``stream`` slot's ``factory(cfg)``;
 it may hold parameters per sublayer (index ``sublayer_index(layer, sublayer)``, 0 .. 2L - 1).
-``state`` (a :class:`StreamState`, one per forward pass) records every sublayer's input, output
-and the stream value after its write, so a stream, a merge or a core can look at any earlier
-sublayer. Implementations:
+Implementations:
 
 - :class:`AdditiveStream` (baseline): ``x' = residual_norm(merge(x, out))``; ``merge`` is the
   ``merge`` slot (``x + out``, LayerScale, DeepNorm's ``alpha x + out``, LAUREL, nGPT).
@@ -26,6 +27,24 @@ sublayer. Implementations:
 - Attention Residuals (``methods/attnres.py``): the stream is the list of earlier outputs;
   ``read`` is a softmax over depth; ``write`` appends.
 
+**What is kept across layers.** Nothing but the state: its current value ``x``, the
+embedding ``v_0``, and what a method declares it needs from earlier layers, as explicit
+tensors:
+
+- a stream puts its own entries in ``state.kept`` (a dict from the method's keys to tensors
+  or tuples of tensors) in ``start`` and replaces them in ``write`` (DenseFormer: the block
+  outputs its averages read; AttnRes: its depth sources; the two-lane stream: its slow lane);
+- a core keeps a tensor for later layers in ``ctx.shared`` (Value-Residual's ``V_1``): the
+  block carries ``ctx.shared`` over to the next block in ``state.shared``;
+- a merge that reads the inputs of earlier sublayers (LAUREL-PA) declares how many in its
+  ``inputs_kept`` attribute; the model keeps that many (the largest over its merges) in
+  ``state.inputs``, the oldest first.
+
+Every sublayer's input, output and stream value after it are not kept. Diagnostics and
+per-layer logging receive them as :class:`Record` s through :meth:`Stream.add_recorder`
+(a hook the stream calls from ``write``; none is called while activation checkpointing
+recomputes a block, see :func:`recomputing`).
+
 Streams that replace the additive merge claim the ``merge`` slot with :func:`claim_merge`, so
 a method that also fills it is refused by the slot rules, in either order.
 
@@ -34,7 +53,8 @@ Activation memory is measured by :func:`modbench.analysis.memory.saved_activatio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +77,7 @@ def sublayer_index(layer: int, sublayer: str) -> int:
 
 @dataclass
 class Record:
-    """What one sublayer saw and produced."""
+    """What one sublayer saw and produced (handed to the recorders, never kept by the model)."""
 
     layer: int
     sublayer: str  # "attn" | "ffn"
@@ -75,27 +95,45 @@ class Record:
 
 @dataclass
 class StreamState:
-    """Per-forward state of the residual stream."""
+    """The state one block maps to the next: tensors only (a pytree of a dataclass, dicts and
+    tuples). Never changed in place: the stream's ``read`` / ``write`` return a new one
+    (:meth:`replace`)."""
 
     x: torch.Tensor  # the current stream value (its layout is the stream's own)
     embedding: torch.Tensor  # the (normed) embedding output, v_0
-    history: list[Record] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # scratch for stream implementations
+    kept: dict[str, Any] = field(default_factory=dict)  # a stream's own kept tensors, by key
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)  # cores' (ctx.shared)
+    inputs: tuple[torch.Tensor, ...] = ()  # the last `inputs_kept` sublayer inputs
+    inputs_kept: int = 0
+    aux: torch.Tensor | None = None  # the running sum of the auxiliary loss terms
+    cos: torch.Tensor | None = None  # (T, d_h) RoPE tables for this sequence length
+    sin: torch.Tensor | None = None
+
+    def replace(self, **changes: Any) -> StreamState:
+        """A copy with ``changes`` (the other fields shared, not copied)."""
+        return dataclasses.replace(self, **changes)
+
+    def keep(self, key: str, value: Any) -> StreamState:
+        """A copy whose ``kept[key]`` is ``value`` (the dict is new; ``self`` is unchanged)."""
+        return self.replace(kept={**self.kept, key: value})
 
 
 @dataclass
 class ForwardContext:
-    """Everything a core may need besides its input, shared by all layers of one forward.
+    """Everything a core may need besides its input. One per block call (the block makes it
+    from its input state), so a recomputed block sees the context it first saw.
 
-    ``aux``: the auxiliary loss terms of this forward (:meth:`add_aux`), e.g. a
-    mixture-of-experts load-balancing loss. ``Transformer.forward(idx, with_aux=True)``
-    returns their sum with the logits; the engines train on ``lm_loss + aux`` (both scaled
-    alike over micro-batches) and report the LM loss alone."""
+    ``shared``: tensors a core keeps for the later layers (Value-Residual's ``V_1``), carried
+    from block to block in ``StreamState.shared``. ``aux``: the auxiliary loss terms this
+    block's cores added (:meth:`add_aux`), e.g. a mixture-of-experts load-balancing loss;
+    the block adds them, in order, to the state's running sum.
+    ``Transformer.forward(idx, with_aux=True)`` returns that sum with the logits; the engines
+    train on ``lm_loss + aux`` (both scaled alike over micro-batches) and report the LM loss
+    alone."""
 
     cos: torch.Tensor  # (T, d_h) RoPE tables for this sequence length
     sin: torch.Tensor
     seq_len: int
-    stream: StreamState | None = None
     shared: dict[str, Any] = field(default_factory=dict)  # cross-layer scratch (e.g. V_1)
     aux: list[torch.Tensor] = field(default_factory=list)  # auxiliary loss terms, 0-d
 
@@ -112,12 +150,18 @@ class ForwardContext:
         """The sum of the terms added (in the order added), or a float32 zero on the RoPE
         tables' device when none was: adding it to a loss changes no bit of the loss or of
         its gradient."""
-        if not self.aux:
-            return torch.zeros((), dtype=torch.float32, device=self.cos.device)
-        total = self.aux[0]
-        for term in self.aux[1:]:
-            total = total + term
-        return total
+        return add_terms(None, self.aux, self.cos.device)
+
+
+def add_terms(total: torch.Tensor | None, terms: list[torch.Tensor],
+              device: torch.device | None = None) -> torch.Tensor:
+    """``total + terms[0] + terms[1] + ...`` in that order (``total`` None: start from the
+    first term); a float32 zero on ``device`` when there is nothing to add."""
+    for term in terms:
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return total
 
 
 class AddMerge(nn.Module):
@@ -131,14 +175,61 @@ def add_merge_factory(cfg: ModelConfig, layer: int, sublayer: str) -> nn.Module:
     return AddMerge()
 
 
+# ------------------------------------------------------------------------- recorders
+
+_RECOMPUTING = [0]  # depth of recomputations running (activation checkpointing)
+
+
+@contextmanager
+def recomputing() -> Iterator[None]:
+    """Mark a block's recomputation (activation checkpointing's backward): the streams call
+    no recorder inside, so a record is seen once per forward."""
+    _RECOMPUTING[0] += 1
+    try:
+        yield
+    finally:
+        _RECOMPUTING[0] -= 1
+
+
+class _RecorderHandle:
+    def __init__(self, recorders: list[Callable[[Record], None]],
+                 fn: Callable[[Record], None]) -> None:
+        self.recorders, self.fn = recorders, fn
+
+    def remove(self) -> None:
+        if self.fn in self.recorders:
+            self.recorders.remove(self.fn)
+
+
 class Stream(nn.Module):
     """The protocol the block calls (see the module docstring). Subclasses override all four
-    methods; ``write`` must append one :class:`Record` to ``state.history``."""
+    methods; ``write`` calls :meth:`record` once per sublayer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._recorders: list[Callable[[Record], None]] = []
+
+    def add_recorder(self, fn: Callable[[Record], None]) -> _RecorderHandle:
+        """Call ``fn(record)`` after every sublayer's write (a hook, like a module's forward
+        hook: ``handle.remove()`` takes it away)."""
+        self._recorders.append(fn)
+        return _RecorderHandle(self._recorders, fn)
+
+    def record(self, layer: int, sublayer: str, x: torch.Tensor, out: torch.Tensor,
+               after: torch.Tensor) -> None:
+        """Hand one sublayer's :class:`Record` to the recorders (none: nothing is built)."""
+        if self._recorders and not _RECOMPUTING[0]:
+            rec = Record(layer, sublayer, x, out, after)
+            for fn in list(self._recorders):
+                fn(rec)
 
     def start(self, x0: torch.Tensor) -> StreamState:
         raise NotImplementedError
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
+    def read(self, state: StreamState, layer: int, sublayer: str
+             ) -> tuple[torch.Tensor, StreamState]:
+        """The sublayer's input, and the state to hand to :meth:`write` (the same one, or one
+        with what the write needs from the read in ``kept``)."""
         raise NotImplementedError
 
     def write(
@@ -146,10 +237,13 @@ class Stream(nn.Module):
         state: StreamState,
         layer: int,
         sublayer: str,
+        x: torch.Tensor,
         out: torch.Tensor,
         merge: nn.Module,
         residual_norm: nn.Module,
-    ) -> None:
+    ) -> StreamState:
+        """The state after the sublayer whose input was ``x`` (what :meth:`read` returned)
+        produced ``out``."""
         raise NotImplementedError
 
     def finish(self, state: StreamState) -> torch.Tensor:
@@ -165,27 +259,30 @@ class AdditiveStream(Stream):
     def start(self, x0: torch.Tensor) -> StreamState:
         return StreamState(x=x0, embedding=x0)
 
-    def read(self, state: StreamState, layer: int, sublayer: str) -> torch.Tensor:
-        return state.x
+    def read(self, state: StreamState, layer: int, sublayer: str
+             ) -> tuple[torch.Tensor, StreamState]:
+        return state.x, state
 
     def write(
         self,
         state: StreamState,
         layer: int,
         sublayer: str,
+        x: torch.Tensor,
         out: torch.Tensor,
         merge: nn.Module,
         residual_norm: nn.Module,
-    ) -> None:
-        x = state.x
-        state.x = self.after_merge(state, layer, sublayer, residual_norm(merge(x, out, state)))
-        state.history.append(Record(layer, sublayer, x, out, state.x))
+    ) -> StreamState:
+        merged = residual_norm(merge(x, out, state))
+        state = self.after_merge(state, layer, sublayer, merged)
+        self.record(layer, sublayer, x, out, state.x)
+        return state
 
     def after_merge(self, state: StreamState, layer: int, sublayer: str,
-                    x: torch.Tensor) -> torch.Tensor:
-        """The stream value after a sublayer's merge and post-residual norm ``x``, as it is
-        recorded and read next (the identity here)."""
-        return x
+                    x: torch.Tensor) -> StreamState:
+        """The state after a sublayer's merge and post-residual norm ``x``: its ``x`` is the
+        value recorded and read next (here ``x`` itself)."""
+        return state.replace(x=x)
 
     def finish(self, state: StreamState) -> torch.Tensor:
         return state.x

@@ -19,7 +19,13 @@ from modbench.model.head import cross_entropy_sum, next_token_targets
 from modbench.model.norms import pre_norm_placement, rmsnorm_factory
 from modbench.model.rope import rope_tables
 from modbench.model.spec import Builder, ModelSpec, Parts
-from modbench.model.stream import ForwardContext, add_merge_factory, additive_stream_factory
+from modbench.model.stream import (
+    ForwardContext,
+    StreamState,
+    add_merge_factory,
+    add_terms,
+    additive_stream_factory,
+)
 
 
 def plain_linear(role: str, d_in: int, d_out: int, layer: int) -> nn.Module:
@@ -56,20 +62,49 @@ class Sublayer(nn.Module):
 
 
 class Block(nn.Module):
-    """A decoder layer: attention sublayer, then FFN sublayer, both through the stream."""
+    """A decoder layer: attention sublayer, then FFN sublayer, both through the stream.
 
-    def __init__(self, build: Builder, layer: int) -> None:
+    A function of tensors: ``forward(state) -> state`` (:class:`StreamState`), with no effect
+    on anything else, so ``torch.utils.checkpoint`` can recompute it from its input alone and
+    FSDP's hooks see its input and output. The stream is the model's (held by reference, not
+    as a submodule: its parameters stay under ``stream.``); the cores get a
+    :class:`ForwardContext` made here from the state, whose ``shared`` and ``aux`` go back
+    into the state returned."""
+
+    def __init__(self, build: Builder, layer: int, stream: nn.Module | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.attn = Sublayer("attn", build.core("attn", layer), build, layer)
         self.ffn = Sublayer("ffn", build.core("ffn", layer), build, layer)
+        # a tuple, so that nn.Module does not register the stream as a submodule
+        self._stream: tuple[nn.Module, ...] = (stream,) if stream is not None else ()
 
-    def forward(self, stream: nn.Module, ctx: ForwardContext) -> None:
-        state = ctx.stream
+    @property
+    def stream(self) -> nn.Module:
+        if not self._stream:
+            raise RuntimeError("this block was built without its model's stream")
+        return self._stream[0]
+
+    def forward(self, state: StreamState) -> StreamState:
+        stream = self.stream
+        if state.cos is None or state.sin is None:
+            raise ValueError("the block's state has no RoPE tables (StreamState.cos / .sin)")
+        ctx = ForwardContext(cos=state.cos, sin=state.sin, seq_len=state.cos.shape[0],
+                             shared=dict(state.shared))
         for sub in (self.attn, self.ffn):
-            x = stream.read(state, self.layer, sub.name)
+            x, state = stream.read(state, self.layer, sub.name)
             out = sub.post_norm(sub.core(sub.pre_norm(x), ctx))
-            stream.write(state, self.layer, sub.name, out, sub.merge, sub.residual_norm)
+            state = stream.write(state, self.layer, sub.name, x, out, sub.merge,
+                                 sub.residual_norm)
+            if state.inputs_kept:  # the merges read the inputs of earlier sublayers
+                state = state.replace(inputs=(*state.inputs, x)[-state.inputs_kept:])
+        return state.replace(shared=ctx.shared, aux=add_terms_or_none(state.aux, ctx.aux))
+
+
+def add_terms_or_none(total: torch.Tensor | None, terms: list[torch.Tensor]
+                      ) -> torch.Tensor | None:
+    """The running auxiliary sum after ``terms`` (None while no core has added a term)."""
+    return add_terms(total, terms) if terms else total
 
 
 class Transformer(nn.Module):
@@ -85,7 +120,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_norm = build.norm("embed", -1)
         self.stream = build.slot("stream", cfg)
-        self.blocks = nn.ModuleList(Block(build, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(build, i, self.stream) for i in range(cfg.n_layers))
         self.final_norm = build.norm("final", cfg.n_layers)
         self.head = None if cfg.tie_embeddings else build.linear(
             "head", cfg.d_model, cfg.vocab_size, cfg.n_layers)
@@ -109,22 +144,31 @@ class Transformer(nn.Module):
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
         x0 = self.embed_norm(self.embed(idx))
-        state = self.stream.start(x0)
-        ctx = ForwardContext(cos=self.rope_cos[:t], sin=self.rope_sin[:t], seq_len=t,
-                             stream=state)
+        state = self.stream.start(x0).replace(
+            cos=self.rope_cos[:t], sin=self.rope_sin[:t], inputs_kept=self.inputs_kept)
         for block in self.blocks:
-            block(self.stream, ctx)
+            state = block(state)
         h = self.final_norm(self.stream.finish(state))
         out = (cross_entropy_sum(self.project, h, next_token_targets(idx, mask),
                                  self.cfg.vocab_size)
                if loss else self.project(h))
-        return (out, ctx.aux_total()) if with_aux else out
+        if not with_aux:
+            return out
+        aux = state.aux if state.aux is not None else add_terms(None, [], self.rope_cos.device)
+        return out, aux
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states -> logits: the LM head (the embedding where tied), then the
         logits slot's transform."""
         logits = F.linear(h, self.embed.weight) if self.head is None else self.head(h)
         return self.logits_transform(logits)
+
+    @property
+    def inputs_kept(self) -> int:
+        """How many earlier sublayer inputs the state keeps: the most any merge declares
+        (``inputs_kept``; LAUREL-PA), 0 for the others."""
+        return max((int(getattr(sub.merge, "inputs_kept", 0)) for block in self.blocks
+                    for sub in (block.attn, block.ffn)), default=0)
 
     def double(self) -> Transformer:
         """float64 copy for reference checks, with RoPE tables recomputed in float64."""

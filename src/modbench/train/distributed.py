@@ -519,9 +519,9 @@ def _fully_shard(model: nn.Module, device: torch.device, size: int,
     """FSDP2: one unit per attention core and per FFN core (the projections: nearly all of
     a block's weights), then the root (embedding, norms, merges, stream, head).
 
-    Not one unit per block: a block returns nothing (it writes the residual stream's state
-    in place), and FSDP2 hooks a unit's backward onto its output and input tensors, which
-    a core has: ``out = core(x, ctx)``. ``ignored``: parameters left unsharded."""
+    A block is now a function of its state (``Block.forward(state) -> state``), so whole-block
+    units are possible; they are not made yet (issue 28, with a mixed-precision policy).
+    ``ignored``: parameters left unsharded."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch 2.5

@@ -537,7 +537,8 @@ class Trainer:
                          if m.index not in ckpts and self.init_checkpoint is not None}
             if tc.activation_checkpointing:
                 for model in models:
-                    apply_activation_checkpointing(model, self.plan.method)
+                    apply_activation_checkpointing(model, self.plan.method,
+                                                   tc.activation_checkpointing)
             self.engine: Engine = self._engine(models)
             offsets = [self._resume(m, ckpts[m.index]) if m.index in ckpts
                        else self._fresh(m, init_from.get(m.index)) for m in self.members]
