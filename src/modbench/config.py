@@ -615,6 +615,22 @@ def resolve(
     return cfg
 
 
+def yaml_nodes(node: yaml.Node, limit: int) -> int:
+    """Nodes of a composed YAML document counting each alias use in full (an alias bomb is
+    huge), stopping once past ``limit``: what study specs and task files check before they
+    construct a document."""
+    count, stack = 0, [node]
+    while stack and count < limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack += [k, v]
+    return count
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():

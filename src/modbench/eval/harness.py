@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from modbench.config import yaml_nodes
 from modbench.errors import ModbenchError
 
 SUITES: dict[str, list[str]] = {
@@ -207,7 +208,7 @@ def read_task_yaml(path: Path) -> Any:
         loader = _InertLoader(text)
         try:
             node = loader.get_single_node()
-            if node is not None and _nodes(node) > 100_000:
+            if node is not None and yaml_nodes(node, 100_001) > 100_000:
                 raise ModbenchError(f"task file {path} is too large once its aliases are "
                                     "expanded; write it without nested aliases")
             return loader.construct_document(node) if node is not None else None
@@ -218,20 +219,6 @@ def read_task_yaml(path: Path) -> Any:
         line = f" at line {where.line + 1}" if where is not None else ""
         raise ModbenchError(f"task file {path} is not valid YAML{line}: "
                             f"{getattr(e, 'problem', None) or e}; fix the file") from None
-
-
-def _nodes(node: yaml.Node, limit: int = 100_001) -> int:
-    """Nodes of a composed document counting each alias use again (an alias bomb is huge)."""
-    count, stack = 0, [node]
-    while stack and count < limit:
-        n = stack.pop()
-        count += 1
-        if isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-        elif isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                stack += [k, v]
-    return count
 
 
 def _code_in(data: Any) -> str | None:

@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from modbench.config import EXECUTION_KEYS, RunConfig, resolve
+from modbench.config import EXECUTION_KEYS, RunConfig, resolve, yaml_nodes
 from modbench.errors import ModbenchError, suggest
 from modbench.methods.build import plan_run
 
@@ -184,7 +184,7 @@ def load_yaml_bounded(text: str, what: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_nodes(node, MAX_YAML_NODES + 1) > MAX_YAML_NODES:
+        if yaml_nodes(node, MAX_YAML_NODES + 1) > MAX_YAML_NODES:
             raise ModbenchError(f"{what} expands to more than {MAX_YAML_NODES} YAML nodes "
                                 "through its aliases (&anchor / *alias); write it out plainly")
         return loader.construct_document(node)
@@ -195,20 +195,6 @@ def load_yaml_bounded(text: str, what: str) -> Any:
                             f"{getattr(e, 'problem', None) or 'see the file'}); fix it") from None
     finally:
         loader.dispose()
-
-
-def _expanded_nodes(node: yaml.Node, limit: int) -> int:
-    """Nodes of ``node`` counting each alias use in full, stopping once past ``limit``."""
-    count, stack = 0, [node]
-    while stack and count < limit:
-        n = stack.pop()
-        count += 1
-        if isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-        elif isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                stack += [k, v]
-    return count
 
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
