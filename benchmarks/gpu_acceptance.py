@@ -419,25 +419,14 @@ def s_tests(run: Run, allot: float) -> dict[str, Any]:
     """pytest -v, counted from its per-test lines, so a cut run still counts what ran."""
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o",
            "console_output_style=classic", *run.size["tests"]]
-    t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            code: int | None = proc.wait(timeout=allot)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-        log.seek(0)
-        text = log.read()
+    code, text, seconds = run_child(cmd, allot)
     outcomes = {m.group(1): m.group(2) for m in _RESULT.finditer(text)}
     counts = {k.lower(): sum(1 for v in outcomes.values() if v == k)
               for k in ("PASSED", "FAILED", "SKIPPED", "ERROR")}
     failed = sorted(t for t, v in outcomes.items() if v in ("FAILED", "ERROR"))
     out: dict[str, Any] = {"command": " ".join(["pytest", *run.size["tests"]]),
                            "exit_code": code, "counts": counts, "failed": failed[:50],
-                           "cut": code is None, "seconds": round(time.monotonic() - t0, 1)}
+                           "cut": code is None, "seconds": round(seconds, 1)}
     if code is None:
         out["note"] = (f"cut at its {allot:.0f} s share of the budget: the counts are the "
                        "tests that finished")
