@@ -90,14 +90,17 @@ DRY = {"plan_presets": ["tiny"], "plan_methods": ["baseline"],
 class Budget:
     """What is left of ``--budget-s``, and each section's share of it."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, only: list[str] | None = None) -> None:
         self.total, self.t0 = seconds, time.monotonic()
+        self.only = only or [n for n, _ in SECTIONS]
 
     def left(self) -> float:
         return self.total - (time.monotonic() - self.t0)
 
     def share(self, name: str) -> float:
-        later = [s for n, s in SECTIONS[[n for n, _ in SECTIONS].index(name):]]
+        # shares of the sections still to run that this run runs (``--only``)
+        names = [n for n, _ in SECTIONS]
+        later = [s for n, s in SECTIONS[names.index(name):] if n in self.only or n == name]
         return max(0.0, self.left() * later[0] / sum(later))
 
 
@@ -262,6 +265,8 @@ def child_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
     except ImportError:  # torch 2.5
         from torch.distributed._composable.fsdp import FSDPModule  # type: ignore[no-redef]
     dev = torch.device(spec["device"])
+    if dev.type == "cuda" and dev.index is None:  # set_device and nccl need an index
+        dev = torch.device("cuda", 0)
     store = Path(spec["work"]) / f"fsdp-store-{os.getpid()}"
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
                             init_method=f"file://{store}", rank=0, world_size=1)
@@ -345,11 +350,14 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 class Run:
     """The state the sections share: device, sizes, budget, work folder, the JSON."""
 
-    def __init__(self, device: str, out: Path, budget_s: float, work: Path) -> None:
+    def __init__(self, device: str, out: Path, budget_s: float, work: Path,
+                 only: list[str] | None = None, plan_presets: list[str] | None = None) -> None:
         self.device, self.out, self.work = device, out, work
         self.cuda = device == "cuda"
-        self.size = GPU if self.cuda else DRY
-        self.budget = Budget(budget_s)
+        self.size = dict(GPU if self.cuda else DRY)
+        if plan_presets:
+            self.size["plan_presets"] = plan_presets
+        self.budget = Budget(budget_s, only)
         self.plans_proc: subprocess.Popen[bytes] | None = None
         self.plans_file = work / "plans.json"
         self.report: dict[str, Any] = {
@@ -683,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("acceptance.json"))
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
+    ap.add_argument("--plan-presets", default="",
+                    help="comma-separated presets of the memory_plan section (default: its own)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -698,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(FUNCS)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="modbench-acceptance-") as work:
-        run = Run(args.device, args.out.resolve(), args.budget_s, Path(work))
+        run = Run(args.device, args.out.resolve(), args.budget_s, Path(work), only,
+                  [p.strip() for p in args.plan_presets.split(",") if p.strip()])
         run.write()
         for name, _ in SECTIONS:
             if only and name not in only:
