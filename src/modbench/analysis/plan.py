@@ -15,8 +15,12 @@ Activations are *measured*, not modelled: the planner builds the real model (eve
 and its own activations included) under ``torch._subclasses.fake_tensor.FakeTensorMode``,
 which allocates no memory, and runs one training forward and backward through the function
 the engine trains with (:func:`modbench.runtime.loss.micro_loss`), under bf16 autocast where
-the run would use it (``recipe.precision=auto`` on a GPU; the CPU's autocast stands in for
-CUDA's, whose lists of bf16 and fp32 operators are nearly the same) and in fp32 on the CPU.
+the run would use it (``recipe.precision=auto`` on a GPU) and in fp32 on the CPU. A plan for a
+GPU traces on the CPU under the CPU's autocast, whose bf16 list is CUDA's, plus
+:class:`CudaAutocastPolicy`, which runs the operators CUDA's autocast runs in fp32 (``exp``,
+``pow``, ``rsqrt``, ``softmax``, ``sum``, ``layer_norm``, ... : the CPU's autocast leaves them
+in bf16) in fp32 as CUDA would. Without it, softpick's explicit scores were planned 1.27-1.33x
+too small on an H200 (BENCHMARKS.md).
 A dispatch mode (:class:`LiveBytes`) counts the bytes of every storage the step creates
 while it is alive; the peak above the resident state is the step's transient memory. It is
 split at the final norm's output: what the body saves for the backward (``activations``) and
@@ -54,6 +58,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -196,13 +201,56 @@ class _Step:
     eval: int
 
 
+# CUDA's autocast runs these in fp32 (torch's "Autocast Op Reference", CUDA ops that can
+# autocast to float32; ``logsumexp`` and ``vector_norm`` from aten's autocast_mode.h); the
+# CPU's autocast leaves most of them in the input's dtype.
+CUDA_FP32_OPS = (
+    "__pow__", "__rpow__", "__rdiv__", "__rtruediv__", "acos", "asin", "cosh", "sinh", "tan",
+    "erfinv", "exp", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "pow",
+    "softplus", "softmax", "softmin", "log_softmax", "sum", "prod", "cumsum", "cumprod",
+    "logsumexp", "norm", "vector_norm", "matrix_norm", "normalize", "renorm", "layer_norm",
+    "group_norm", "cosine_similarity", "dist", "cdist", "pdist", "cross_entropy", "nll_loss",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+    "binary_cross_entropy_with_logits", "poisson_nll_loss", "cosine_embedding_loss",
+    "hinge_embedding_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "multi_margin_loss", "soft_margin_loss", "triplet_margin_loss")
+
+
+@functools.cache
+def _cuda_fp32_funcs() -> frozenset[Any]:
+    spaces = (torch, torch.Tensor, torch.nn.functional, torch.linalg, torch.special)
+    return frozenset(getattr(ns, name) for name in CUDA_FP32_OPS for ns in spaces
+                     if hasattr(ns, name))
+
+
+class CudaAutocastPolicy(TorchFunctionMode):
+    """CUDA autocast's fp32 list on top of the CPU's autocast: the listed operators get their
+    bf16/fp16 tensor arguments as fp32 copies (CUDA's autocast makes the same copies), unless
+    called with an explicit ``dtype``, so a trace on the CPU keeps the fp32 tensors a CUDA step
+    keeps. The matmul-like operators need nothing: both autocasts run them in bf16."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if (func in _cuda_fp32_funcs() and kwargs.get("dtype") is None
+                and torch.is_autocast_enabled("cpu")):
+            def up(x: Any) -> Any:
+                if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16):
+                    return x.float()
+                return x
+
+            args, kwargs = pytree.tree_map(up, (args, kwargs))
+        return func(*args, **kwargs)
+
+
 class _Tracer:
     """Traces a run's model under FakeTensorMode at given micro-batches (memoised) and
     extrapolates affinely in the micro-batch between two points of the same loss regime."""
 
     def __init__(self, run: RunConfig, p: Plan, bf16: bool,
-                 checkpointing: Checkpointing | None) -> None:
+                 checkpointing: Checkpointing | None, cuda: bool = True) -> None:
         self.run, self.p, self.bf16, self.checkpointing = run, p, bf16, checkpointing
+        self.cuda = cuda  # bf16 traces follow CUDA's autocast (CudaAutocastPolicy)
         self.seq_len = run.train.seq_len
         self.chunk = _chunk_tokens(p.cfg.vocab_size)
         self._cache: dict[int, _Step] = {}
@@ -241,7 +289,8 @@ class _Tracer:
             with FakeTensorMode(), torch.random.fork_rng(devices=[]):
                 model = _fresh_model(self.p, fake=True)
                 idx = torch.randint(0, self.p.cfg.vocab_size, (b, self.seq_len))
-                return _measure(model, idx, self.p.method, self.bf16, self.checkpointing)
+                return _measure(model, idx, self.p.method, self.bf16, self.checkpointing,
+                                self.cuda)
         except ModbenchError:
             raise
         except Exception as e:  # a forward that reads tensor values cannot run on fakes
@@ -265,7 +314,8 @@ class _Tracer:
             with FakeTensorMode(), torch.random.fork_rng(devices=[]):
                 model = _fresh_model(base_plan, fake=True)
                 idx = torch.randint(0, base_cfg.vocab_size, (b, self.seq_len))
-                base = _measure(model, idx, "baseline", self.bf16, self.checkpointing)
+                base = _measure(model, idx, "baseline", self.bf16, self.checkpointing,
+                                self.cuda)
             small = []
             for method in (self.p.method, "baseline"):
                 tiny = plan_model(resolve("tiny", method=method).model)
@@ -273,7 +323,7 @@ class _Tracer:
                 idx = torch.randint(0, tiny.cfg.vocab_size, (2, tiny.cfg.max_seq_len),
                                     generator=gen)
                 small.append(_measure(tiny.build(0, "cpu"), idx, method, self.bf16,
-                                      self.checkpointing))
+                                      self.checkpointing, self.cuda))
         except ModbenchError:
             raise
         except Exception as e:
@@ -303,7 +353,7 @@ def _fresh_model(p: Plan, fake: bool) -> Transformer:
 
 
 def _measure(model: Transformer, idx: torch.Tensor, method: str, bf16: bool,
-             checkpointing: Checkpointing | None) -> _Step:
+             checkpointing: Checkpointing | None, cuda: bool = True) -> _Step:
     """One training step's transient bytes above the resident state (the weights, buffers
     and, as from a run's second micro-batch, the gradients), split at the final norm into
     the body's and the loss head's; then validation's and probe scoring's, without
@@ -314,8 +364,14 @@ def _measure(model: Transformer, idx: torch.Tensor, method: str, bf16: bool,
     params = [q for q in model.parameters() if q.requires_grad]
     for q in params:  # a later micro-batch's state: gradients exist already
         q.grad = torch.zeros_like(q)
-    autocast = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
-                else contextlib.nullcontext)
+    autocast: Callable[[], Any] = contextlib.nullcontext
+    if bf16:
+        def autocast() -> Any:
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+            if cuda:
+                stack.enter_context(CudaAutocastPolicy())
+            return stack
     meter = LiveBytes()
     base = meter.hold([*model.parameters(), *model.buffers(),
                        *(q.grad for q in params if q.grad is not None)])
@@ -446,8 +502,8 @@ def _context(cfg: RunConfig, device_type: str,
     if mode and checkpointing is not None:
         ckpt = functools.partial(checkpointing, mode=mode)  # the run's mode (full, every:K, attn)
     n, weights, opt, units = _resident(p, run.recipe.optimizer)
-    return _Context(run, p, _Tracer(run, p, bf16, ckpt), n, weights, opt, units, bf16,
-                    device_type)
+    return _Context(run, p, _Tracer(run, p, bf16, ckpt, cuda=device_type == "cuda"), n,
+                    weights, opt, units, bf16, device_type)
 
 
 def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: int,
