@@ -167,8 +167,10 @@ class Transformer(nn.Module):
     def inputs_kept(self) -> int:
         """How many earlier sublayer inputs the state keeps: the most any merge declares
         (``inputs_kept``; LAUREL-PA), 0 for the others."""
-        return max((int(getattr(sub.merge, "inputs_kept", 0)) for block in self.blocks
-                    for sub in (block.attn, block.ffn)), default=0)
+        # a list, not max(generator, default=0): Dynamo cannot trace that call (a graph break
+        # at every forward, tests/model/test_compile_graphs.py)
+        return max([0, *[int(getattr(sub.merge, "inputs_kept", 0)) for block in self.blocks
+                         for sub in (block.attn, block.ffn)]])
 
     def double(self) -> Transformer:
         """float64 copy for reference checks, with RoPE tables recomputed in float64."""
