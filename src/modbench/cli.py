@@ -314,7 +314,9 @@ def bench(
     methods: Annotated[str | None, typer.Option(
         help="Comma-separated method strings for the overhead table, or 'all' "
              "[default: one or two per category].")] = None,
-    preset: Annotated[str, typer.Option(help="Preset of the method table.")] = "cpu-small",
+    preset: Annotated[str | None, typer.Option(
+        help="Preset of the method table [default: cpu-small; tiny with --compile-check].")
+    ] = None,
     hf: Annotated[bool, typer.Option(
         help="Compare with Hugging Face LlamaForCausalLM (needs transformers).")] = True,
     hf_presets: Annotated[str, typer.Option(
@@ -339,6 +341,17 @@ def bench(
     steps: Annotated[int, typer.Option(help="Timed steps per case per round.")] = 2,
     threads: Annotated[int, typer.Option(help="torch threads (0: torch's default).")] = 0,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    compile_check: Annotated[bool, typer.Option(
+        "--compile-check",
+        help="Instead of timing: count the graphs, graph breaks (with reasons) and recompiles "
+             "torch.compile makes of each method's training forward, with and without "
+             "activation checkpointing (--methods, default all; --preset, default tiny; "
+             "--dtype, --device; a backend that generates no code). Table, or --json rows.")
+    ] = False,
+    checkpointing: Annotated[bool | None, typer.Option(
+        help="--compile-check: only with (--checkpointing) or only without "
+             "(--no-checkpointing) activation checkpointing [default: both].",
+        show_default=False)] = None,
 ) -> None:
     """Train-step speed, measured side by side in one process: the modbench baseline against
     Hugging Face's LlamaForCausalLM of the same shape (tokens/s and their ratio), and each
@@ -346,24 +359,68 @@ def bench(
     autocast and torch.compile by default, one micro-batch of the memory plan, MFU against the
     exact GPU model's peak, step memory, and the trainer's own step beside the bare one.
 
+    With --compile-check, no timing: per method and checkpointing mode, the graphs
+    torch.compile makes of the training forward, its graph breaks with their reasons (first
+    line and user file:line) and its recompiles over two later steps on same-shape batches;
+    a method that declares it cannot be one graph (`modbench methods`) is marked expected.
+
     Example: modbench bench --json --methods baseline,qknorm,softpick --rounds 3
+
+    Example: modbench bench --compile-check --methods baseline,moe --json
     """
     from modbench.analysis.bench import DEFAULT_METHODS, markdown, run_bench
     from modbench.methods import load_all
     from modbench.methods.base import split_top
 
-    if methods == "all":
+    if methods == "all" or (compile_check and not methods):
         names: list[str] | None = ["baseline", *sorted(load_all())]
     elif methods:
         names = [m.strip() for m in split_top(methods, ",") if m.strip()]
     else:
         names = list(DEFAULT_METHODS)
+    if compile_check:
+        _compile_check(names or [], preset=preset or "tiny", checkpointing=checkpointing,
+                       dtype=dtype, device=device, as_json=as_json, progress=progress)
+        return
+    preset = preset or "cpu-small"
     presets = [p.strip() for p in hf_presets.split(",") if p.strip()] if hf else None
     report = run_bench(device=device, hf_presets=presets, methods=names, preset=preset,
                        rounds=rounds, steps=steps, dtype=dtype, compile=compile,
                        threads=threads, progress=progress, micro_batch=micro_batch,
                        trainer=trainer, trainer_steps=trainer_steps)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+
+
+def _compile_check(names: list[str], *, preset: str, checkpointing: bool | None, dtype: str,
+                   device: str, as_json: bool, progress: bool) -> None:
+    """`modbench bench --compile-check` (modbench.analysis.compile_check)."""
+    from modbench.analysis.compile_check import (
+        TABLE_HEADERS,
+        run_compile_check,
+        summary,
+        table_rows,
+    )
+    from modbench.train.recompute import apply_activation_checkpointing
+
+    modes = (False, True) if checkpointing is None else (checkpointing,)
+    try:
+        if dtype not in ("auto", "fp32", "bf16"):
+            raise ModbenchError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
+        bf16 = dtype == "bf16" or (dtype == "auto" and device.startswith("cuda"))
+        rows = run_compile_check(names, preset=preset, modes=modes,
+                                 apply_checkpointing=apply_activation_checkpointing,
+                                 bf16=bf16, device=device, progress=progress)
+    except ModbenchError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    typer.echo(f"torch.compile of the training forward, preset {preset}, "
+               f"{'bf16 autocast' if bf16 else 'fp32'}, {device}; recompiles over "
+               f"two later steps on batches of the same shape")
+    _echo_table(TABLE_HEADERS, table_rows(rows), right=(2, 3, 4), wrap=(5,))
+    typer.echo(summary(rows))
 
 
 @app.command()

@@ -56,6 +56,11 @@ class Method:
     # vmap rule); ``stack_note`` says why. Such a method's seeds train one at a time.
     stackable: ClassVar[bool] = True
     stack_note: ClassVar[str] = ""
+    # Non-empty for a method whose training forward torch.compile cannot trace as one graph:
+    # why (e.g. a data-dependent host read). Shown by `modbench methods`; `modbench bench
+    # --compile-check` reports its breaks as expected, and tests/model/test_compile_graphs.py
+    # checks that it does break (an empty one: that it gives one graph).
+    compile_graph_breaks: ClassVar[str] = ""
 
     def __init__(self, options: Any = None) -> None:
         self.opts = options if options is not None else self.Options()
@@ -127,6 +132,7 @@ class Method:
             "recipe_exceptions": dict(cls.recipe_exceptions),
             "leaks_across_positions": cls.leaks_across_positions,
             "stackable": cls.stackable,
+            "compile_graph_breaks": cls.compile_graph_breaks,
         }
 
 
