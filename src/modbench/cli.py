@@ -104,6 +104,8 @@ def method_table(rows: list[dict[str, Any]]) -> list[list[str]]:
         if r["leaks_across_positions"]:
             text += ("\nnote: batch statistics mix positions in training mode (future tokens "
                      "leak into earlier outputs)")
+        if r.get("compile_graph_breaks"):
+            text += f"\nnote: torch.compile breaks its graph: {r['compile_graph_breaks']}"
         table.append([r["name"], r["category"], text])
     return table
 

@@ -249,6 +249,8 @@ class MoE(Method):
     stackable = False
     stack_note = ("its dispatch reads the number of tokens per expert on the host, which a "
                   "vmapped forward cannot")
+    compile_graph_breaks = ("dropless dispatch: each expert's token count is read on the host "
+                            "(data-dependent split sizes)")
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         fill_moe(spec, self.opts, by=self.name)

@@ -90,9 +90,12 @@ class PowerNormLayer(nn.Module):
         self.register_buffer("ema_gz", torch.zeros(1, dim))
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
         self.step = 0
+        self.warm = warmup > 0  # step < warmup, kept as a bool: a compiled forward guards on
+        # it and recompiles once when the warm-up ends, not at every step
 
     def modbench_set_step(self, step: int, total: int) -> None:
         self.step = step
+        self.warm = step < self.warmup
 
     def modbench_init(self) -> None:
         nn.init.ones_(self.weight)
@@ -115,12 +118,19 @@ class PowerNormLayer(nn.Module):
             y = flat / torch.sqrt(self.running_phi + self.eps) * w + b
             return y.reshape(shape).to(x.dtype)
         var = flat.detach().pow(2).mean(0, keepdim=True)
-        warm = self.step < self.warmup
-        phi = var if warm else self.running_phi.clone()
+        warm = self.warm
+        # a copy of var, not var itself: the same tensor twice in one autograd.Function
+        # call breaks torch.compile's graph
+        phi = var.clone() if warm else self.running_phi.clone()
         with torch.no_grad():
             self.updates += 1
             if warm:
-                n = self.updates.item()
+                # traced (torch.compile), the count stays on the device: a host read breaks
+                # the graph. Eager keeps the Python count (the same values on the CPU, where
+                # tests/model/test_compile_graphs.py compares them; CUDA may divide by a
+                # Python scalar through its reciprocal)
+                n: Any = (self.updates.to(self.running_phi.dtype)
+                          if torch.compiler.is_compiling() else self.updates.item())
                 self.running_phi.mul_((n - 1) / n).add_(var / n)
             self.running_phi.mul_(self.afwd).add_((1 - self.afwd) * var)
         y = _PowerFunction.apply(flat, w, b, phi, var, self.ema_gz, self.eps, self.abkw)

@@ -112,9 +112,23 @@ class PRepBNLayer(nn.Module):
         self.repbn = RepBN(dim, init, eps=eps)  # the SLAB code passes rms_norm_eps to both
         self._warm, self._decay = warm, decay
         self.step, self.total = 0, 0
+        # lambda and 1 - lambda (float64, computed in Python as the eager forward does) and
+        # whether the BN statistics update, for a compiled forward: tensors and a bool that
+        # change with the step do not make torch.compile recompile at every step, as the
+        # Python float lambda would (modbench bench --compile-check)
+        self.register_buffer("mix", torch.ones(2, dtype=torch.float64), persistent=False)
+        self.update_bn = False
+        self._sync()
 
     def modbench_set_step(self, step: int, total: int) -> None:
         self.step, self.total = step, total
+        self._sync()
+
+    def _sync(self) -> None:
+        lam = self.lam
+        with torch.no_grad():
+            self.mix.copy_(torch.tensor([lam, 1.0 - lam], dtype=torch.float64))
+        self.update_bn = lam < 1.0
 
     def schedule(self) -> tuple[int, int]:
         (wf, ws), (df, ds) = self._warm, self._decay
@@ -128,6 +142,10 @@ class PRepBNLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        if self.training and torch.compiler.is_compiling():  # the same products as below
+            lam_t, rest = self.mix[0].to(xf.dtype), self.mix[1].to(xf.dtype)
+            bn = self.repbn(xf, update=self.update_bn)
+            return (lam_t * self.norm(xf) + rest * bn).to(x.dtype)
         lam = self.lam
         if not self.training:
             if not self.eval_mix or lam == 0.0:

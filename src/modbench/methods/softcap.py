@@ -23,6 +23,10 @@ Choices of our own:
   Schwarz bound over the batch) no logit can reach the cap, the clamp is the identity and
   the fused SDPA kernel gives the same values and gradients; otherwise the explicit path.
   The study notes the cap is almost never active, so the fast path is the common case.
+  Under ``torch.compile`` on the CPU the fast path is left out (its bound is read on the
+  host, which would break the graph) and the explicit path runs: one graph
+  (``modbench bench --compile-check``). On CUDA FlexAttention stays outside the compiled
+  graph (``methods/_flex.py`` says why): a graph break there.
 - ``soft`` uses the explicit float32 score path on CPU; on CUDA both forms run through
   FlexAttention with a ``score_mod`` (``c tanh(s/c)`` or a clamp), falling back to the
   explicit path where FlexAttention is unavailable.
@@ -119,6 +123,11 @@ class HardCapKernel(_CapKernel):
 
     def shortcut(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  ctx: ForwardContext) -> torch.Tensor | None:
+        if torch.compiler.is_compiling():
+            # the bound is read on the host, a graph break inside the block loop (Dynamo then
+            # runs the whole forward eagerly); traced, the explicit path computes the same
+            # function (the clamp is the identity where the shortcut would apply)
+            return None
         return self.sdpa(q, k, v, ctx) if self.cap_cannot_bind(q, k) else None
 
 

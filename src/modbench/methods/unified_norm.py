@@ -248,6 +248,8 @@ class UnifiedNorm(Method):
     category = "norm"
     stackable = False
     stack_note = "it updates running statistics and windows in the forward and reads t in Python"
+    compile_graph_breaks = ("its forward branches in Python on its iteration count and on the "
+                            "outlier filtration test, both read from buffers on the host")
     citation = ("Yang, Zhang, Lan, Yang, Li, Tan, Xiao, Pu 2022, Unified Normalization for "
                 "Accelerating and Stabilizing Transformers (ACM MM)")
     summary = ("Batch quadratic-mean norm with window-smoothed statistics, outlier filtration; "

@@ -85,6 +85,8 @@ class WideNet(Method):
     stackable = False
     stack_note = ("its MoE dispatch reads the number of tokens per expert on the host, which a "
                   "vmapped forward cannot")
+    compile_graph_breaks = ("MoE's dropless dispatch: each expert's token count is read on the "
+                            "host (data-dependent split sizes)")
 
     @dataclass
     class Options:
