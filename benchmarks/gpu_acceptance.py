@@ -275,7 +275,11 @@ def child_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.set_device(dev)
         cfg = resolve(spec["preset"]).model
         model = build_model(cfg, seed=0, device=dev)
-        _fully_shard(model, dev, 1, set())
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the run's default
+        try:
+            _fully_shard(model, dev, 1, set(), dtype)
+        except TypeError:  # a tree from before the mixed-precision policy
+            _fully_shard(model, dev, 1, set())
         units = [name or "<root>" for name, m in model.named_modules()
                  if isinstance(m, FSDPModule)]
         n_params = sum(1 for _ in model.parameters())

@@ -28,6 +28,7 @@ from modbench.errors import ModbenchError, suggest
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
+FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")  # train.fsdp_param_dtype
 COMPILE = ("auto", True, False)  # train.compile
 _EVERY_K = re.compile(r"every:[1-9][0-9]*")  # train.activation_checkpointing=every:K
 TRACKERS = ("wandb", "tensorboard")  # train.trackers (modbench.train.trackers)
@@ -255,6 +256,12 @@ class TrainConfig:
     # gradients and optimizer state sharded (FSDP2, one unit per decoder block). Ignored by a
     # single process; the numbers agree with a single process to float32 rounding either way.
     parallel: str = "ddp"  # ddp | fsdp
+    # FSDP2's mixed-precision policy: the dtype its units gather parameters in for the
+    # forward and backward (gradients are reduced in fp32, master weights and optimizer stay
+    # fp32). auto: bf16 where the forward runs under bf16 autocast (recipe.precision), else
+    # fp32. bf16 halves the all-gathers and the unsharded parameters' memory; the numbers
+    # then agree with one process to bf16 rounding.
+    fsdp_param_dtype: str = "auto"  # auto | bf16 | fp32
     # Multi-process runs: seconds a process waits at a collective (the data check, a step's
     # all-reduce, a checkpoint's gather) before the run fails in one line naming this key;
     # passed to init_process_group. How long it may wait, never what it computes.
@@ -325,6 +332,9 @@ class TrainConfig:
                 or (isinstance(ac, str) and _EVERY_K.fullmatch(ac))):
             raise ModbenchError(f"train.activation_checkpointing must be false, true (= full), "
                                 f"full, attn or every:K with K >= 1 (e.g. every:2), got {ac!r}")
+        if self.fsdp_param_dtype not in FSDP_PARAM_DTYPES:
+            raise ModbenchError(f"train.fsdp_param_dtype must be {', '.join(FSDP_PARAM_DTYPES)}"
+                                f", got {self.fsdp_param_dtype!r}")
         if self.parallel not in PARALLEL:
             raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
                                 f"{self.parallel!r}")

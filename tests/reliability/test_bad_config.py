@@ -94,6 +94,7 @@ POOLS: dict[str, list[Any]] = {
     "train.init_from": [None, "/nonexistent/run", 5, "", ["a"]],
     "train.parallel": ["ddp", "fsdp", "zero", "", 1],
     "train.dist_timeout": [1800, 0.5, 0, -5, "x", True, ".inf", None],
+    "train.fsdp_param_dtype": ["auto", "bf16", "fp32", "fp16", "", 1, None],
     "train.activation_checkpointing": [False, True, "yes", None],
     "train.log_layers": [False, True, "yes", None],
     "train.log_layers_every": [0, 2, -1, 1.5],

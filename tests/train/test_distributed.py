@@ -261,6 +261,10 @@ def test_two_processes_train_like_one(group: Path, name: str) -> None:
     assert two["params"] == one["params"] and two["tokens"] == one["tokens"]
     config = (run / "config.yaml").read_text()
     assert f"parallel: {name}" in config and "nproc" not in config
+    if name == "fsdp":  # one FSDP2 unit per block, the root around them (tied head)
+        assert two["fsdp_units"] == ["<root>", "blocks.0", "blocks.1"]
+    else:
+        assert "fsdp_units" not in two
 
 
 @pytest.mark.parametrize("name", [n for n in JOBS if n != "killed"])
@@ -304,6 +308,23 @@ def test_bf16_autocast_two_processes_train_like_one(group: Path, name: str) -> N
     assert {w.dtype for w in weights.values()} == {torch.float32}
     fp32 = values(group / "single" / "ddp")  # the same run in fp32: bf16 really ran
     assert va[0][2] != fp32[0][2]
+
+
+def test_bf16_fsdp_checkpoint_trains_on_with_one_process(group: Path, tmp_path: Path) -> None:
+    """The 2-process FSDP2 run with bf16 parameters (the mixed-precision policy) leaves a
+    checkpoint of fp32 weights that one process trains on from (two more steps)."""
+    more = tmp_path / "more"
+    shutil.copytree(group / "runs" / "bf16_fsdp", more)
+    (more / "summary.json").unlink()
+    (more / "config.yaml").write_text((more / "config.yaml").read_text().replace(
+        "steps: 6", "steps: 8"))
+    cfg = cfg_of("baseline", 8, "recipe.precision=bf16", "train.parallel=fsdp",
+                 "train.activation_checkpointing=true")
+    summary = train(cfg, more, resume=True, progress=False)
+    assert (summary["status"], summary["steps"]) == ("completed", 8)
+    assert "processes" not in summary
+    steps = [r["step"] for r in read_metrics(more) if r["kind"] == "train"]
+    assert steps == list(range(1, 9))
 
 
 def test_ngpt_renormalises_identically_under_ddp_and_fsdp(group: Path) -> None:

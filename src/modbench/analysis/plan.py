@@ -7,9 +7,10 @@ the optimizer's state (AdamW/Adam: two fp32 moments per parameter; ``recipe.opti
 one momentum buffer for the hidden matrices, :func:`modbench.train.optim.muon_split`'s rule,
 and AdamW's two moments for the rest). Across ``nproc`` processes DDP keeps a full replica
 and a copy of the gradients in its all-reduce buckets; FSDP2 shards weights, gradients and
-optimizer state by ``nproc`` and holds its largest units unsharded while they are gathered
-(the root: embedding, head and norms, kept through the forward; two core units, the one
-running and the one prefetched; and one unit's unsharded gradient before its reduce-scatter).
+optimizer state by ``nproc`` and holds its largest units unsharded while they are gathered,
+in ``train.fsdp_param_dtype`` (the root: head and norms, kept through the forward; two block
+units, the one running and the one prefetched; and one unit's unsharded gradient, in fp32,
+before its reduce-scatter).
 
 Activations are *measured*, not modelled: the planner builds the real model (every method
 and its own activations included) under ``torch._subclasses.fake_tensor.FakeTensorMode``,
@@ -442,17 +443,14 @@ def _resident(p: Plan, optimizer: str) -> tuple[int, int, int, dict[str, int]]:
         opt = (muon + 2 * (n - muon)) * FP32
     else:
         opt = 2 * n * FP32
-    # FSDP2 units (train.distributed._fully_shard): each attention and FFN core, the root
+    # FSDP2 units (train.distributed._fully_shard): each block, the embedding where the head
+    # is untied, the root (the rest: head, norms, the stream's parameters)
     units: dict[str, int] = {}
-    in_cores = 0
     for i, block in enumerate(getattr(model, "blocks", [])):
-        for sub in ("attn", "ffn"):
-            core = getattr(getattr(block, sub, None), "core", None)
-            if isinstance(core, nn.Module):
-                size = sum(q.numel() for q in core.parameters()) * FP32
-                units[f"blocks.{i}.{sub}"] = size
-                in_cores += size
-    units["root"] = weights - in_cores
+        units[f"blocks.{i}"] = sum(q.numel() for q in block.parameters()) * FP32
+    if getattr(model, "head", None) is not None:
+        units["embed"] = sum(q.numel() for q in model.embed.parameters()) * FP32
+    units["root"] = weights - sum(units.values())
     return n, weights, opt, units
 
 
@@ -526,10 +524,15 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
     elif shard > 1:
         cores = sorted((v for k, v in ctx.units.items() if k != "root"), reverse=True)
         biggest = cores[0] if cores else 0
-        # unsharded: the root through the forward, two core units (running, prefetched),
-        # and one unit's full gradient before its reduce-scatter; less their own shards
-        full = ctx.units["root"] + 2 * biggest + max(biggest, ctx.units["root"])
-        gathered = full - math.ceil(full / shard)
+        # unsharded, in the dtype FSDP gathers in (train.fsdp_param_dtype): the root through
+        # the forward, two units (running, prefetched); and one unit's full gradient, in fp32
+        # for its reduce-scatter; less their own fp32 shards
+        setting = run.train.fsdp_param_dtype
+        half = setting == "bf16" or (setting == "auto" and ctx.bf16)
+        scale = 0.5 if half else 1.0
+        full = (math.ceil(scale * (ctx.units["root"] + 2 * biggest))
+                + max(biggest, ctx.units["root"]))
+        gathered = max(0, full - math.ceil((ctx.units["root"] + 2 * biggest) / shard))
     transient = step.activations + step.loss
     stacked = 0
     if ensembles > 1:

@@ -143,7 +143,10 @@ class Transformer(nn.Module):
         t = idx.shape[1]
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
-        x0 = self.embed_norm(self.embed(idx))
+        e = self.embed(idx)
+        # at least fp32: under FSDP2 with bf16 parameters (train.fsdp_param_dtype) the lookup
+        # is bf16, and the residual stream stays in the dtype it starts in, fp32 on one process
+        x0 = self.embed_norm(e.to(torch.promote_types(e.dtype, torch.float32)))
         state = self.stream.start(x0).replace(
             cos=self.rope_cos[:t], sin=self.rope_sin[:t], inputs_kept=self.inputs_kept)
         for block in self.blocks:

@@ -349,6 +349,7 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("model", "train_seq_len"): None,
     ("data", "probe_loss"): "all",
     ("train", "parallel"): "ddp",
+    ("train", "fsdp_param_dtype"): "auto",
     ("train", "activation_checkpointing"): False,
     # the memory train.micro_batch_size=auto plans against (analysis.plan)
     ("train", "device_memory_gb"): None,

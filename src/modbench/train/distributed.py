@@ -8,12 +8,15 @@ initialises the process group (gloo on the CPU, nccl on CUDA with each process o
 
 - ``train.parallel=ddp`` (default): ``DistributedDataParallel``; every process holds the
   whole model and optimizer, gradients are averaged by DDP's all-reduce.
-- ``train.parallel=fsdp``: FSDP2 (``fully_shard``), one unit per attention core and per FFN
-  core and the root (embedding, norms, merges, stream, head); parameters, gradients and
-  optimizer state are sharded (DTensors), each unit gathered for its forward and backward.
+- ``train.parallel=fsdp``: FSDP2 (``fully_shard``), one unit per decoder block, the
+  embedding where the head is untied, and the root (head, norms, the stream's parameters);
+  parameters, gradients and optimizer state are sharded (DTensors), each unit gathered for
+  its forward and backward in ``train.fsdp_param_dtype`` (bf16 with a bf16 forward), its
+  gradients reduce-scattered in fp32 after every micro-batch (:func:`_fully_shard`).
 
 Both keep the single-process recipe: the forward runs under the run's autocast
-(``recipe.precision``; bf16 on CUDA by default) with fp32 parameters, gradients are reduced
+(``recipe.precision``; bf16 on CUDA by default) with fp32 master parameters (FSDP gathers them
+in bf16 for a bf16 forward, where autocast would cast them anyway), gradients are reduced
 in fp32, and ``train.activation_checkpointing`` recomputes each block
 (:mod:`modbench.train.recompute`).
 
@@ -71,6 +74,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -261,7 +265,8 @@ class DistributedEngine:
                  make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
                  device: torch.device, autocast: Callable[[], AbstractContextManager[Any]],
                  world: World, *, parallel: str = "ddp", n_micro: int = 1,
-                 compile: bool | str = False) -> None:
+                 compile: bool | str = False,
+                 param_dtype: torch.dtype = torch.float32) -> None:
         if world.size < 2 or not dist.is_initialized():
             raise ValueError("DistributedEngine needs an initialised group of 2+ processes")
         self.device, self.autocast, self.world = device, autocast, world
@@ -275,11 +280,15 @@ class DistributedEngine:
         wrapped: nn.Module
         if parallel == "fsdp" and shares_parameters(model):
             raise ModbenchError("train.parallel=fsdp cannot shard a model whose layers share "
-                                "weights (a method fills the tie slot); use "
-                                "train.parallel=ddp")
+                                "weights (a method fills the tie slot): FSDP2 gives each "
+                                "parameter to one unit, one per block, and a shared weight "
+                                "would be in two; use train.parallel=ddp")
+        self.units: list[str] = []  # FSDP2's units, by module name
         if parallel == "fsdp":
             self.replicated = [p for p in model.parameters() if p.ndim == 0]
-            wrapped = _fully_shard(model, device, world.size, set(self.replicated))
+            self.units = _fully_shard(model, device, world.size, set(self.replicated),
+                                      param_dtype)
+            wrapped = model
         elif parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -366,9 +375,11 @@ class DistributedEngine:
             p.grad.copy_(g)  # type: ignore[union-attr]
 
     def _reduce_gradients(self, last: bool) -> AbstractContextManager[Any]:
-        """Reduce gradients only on the last micro-batch of a step."""
+        """DDP: reduce gradients only on the last micro-batch of a step. FSDP: reduce-scatter
+        after every micro-batch, so what accumulates is each process's fp32 gradient shard,
+        never the whole model's unsharded gradients (more communication per step when there
+        are micro-batches; the memory of one unit's unsharded gradient at a time)."""
         if self.parallel == "fsdp":
-            self.models[0].set_requires_gradient_sync(last)  # type: ignore[operator]
             return contextlib.nullcontext()
         return contextlib.nullcontext() if last else self.wrapped.no_sync()  # type: ignore
 
@@ -514,34 +525,74 @@ def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
     return [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
 
 
-def _fully_shard(model: nn.Module, device: torch.device, size: int,
-                 ignored: set[nn.Parameter]) -> nn.Module:
-    """FSDP2: one unit per attention core and per FFN core (the projections: nearly all of
-    a block's weights), then the root (embedding, norms, merges, stream, head).
+def fsdp_param_dtype(setting: str, precision: str, device: torch.device) -> torch.dtype:
+    """The dtype FSDP2 gathers parameters in (``train.fsdp_param_dtype``): ``auto`` follows
+    the forward's autocast (bf16 for ``recipe.precision=bf16`` and for ``auto`` on CUDA)."""
+    if setting == "bf16" or (setting == "auto" and (
+            precision == "bf16" or (precision == "auto" and device.type == "cuda"))):
+        return torch.bfloat16
+    return torch.float32
 
-    A block is now a function of its state (``Block.forward(state) -> state``), so whole-block
-    units are possible; they are not made yet (issue 28, with a mixed-precision policy).
-    ``ignored``: parameters left unsharded."""
+
+def _fully_shard(model: nn.Module, device: torch.device, size: int,
+                 ignored: set[nn.Parameter],
+                 param_dtype: torch.dtype = torch.float32) -> list[str]:
+    """FSDP2 on whole decoder blocks: one unit per block (its cores, norms, merges and
+    wrappers: a block is a function of its state, ``Block.forward(state) -> state``), the
+    embedding its own unit where the head is untied, and the root (the embedding where tied,
+    the head, the final and embedding norms, the stream's own parameters) around them.
+
+    - The head stays in the root: the loss in pieces calls it once per piece and again when
+      it recomputes a piece in the backward, and the root's parameters stay gathered from the
+      forward to the backward; a tied head is the embedding's weight, so both stay there.
+    - Every unit reshards after its forward except the last block (the backward needs it
+      first) and the root.
+    - Mixed precision (``MixedPrecisionPolicy``): parameters gathered in ``param_dtype`` (bf16
+      halves the all-gathers and the unsharded weights; master weights, optimizer state and
+      gradients' reduction stay fp32); the units' inputs are not cast, so the residual stream
+      keeps the dtype the run's autocast gives it, as on one process.
+    - ``ignored``: parameters left unsharded (0-dim scalars FSDP2 cannot shard).
+
+    Returns the units' module names (``<root>`` for the model)."""
     try:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch 2.5
-        from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]
+        from torch.distributed._composable.fsdp import (  # type: ignore[no-redef]
+            FSDPModule,
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
     from torch.distributed.device_mesh import init_device_mesh
 
+    # A block passes some of its state through unchanged (the embedding, earlier inputs), and
+    # FSDP2's backward hooks turn a unit's inputs into views, so it warns of view outputs at
+    # every block of every step; the warning is about in-place ops on them, which the stream's
+    # pure read/write never make.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view",
+                            category=UserWarning)
     mesh = init_device_mesh(device.type, (size,))
-    extra: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                  cast_forward_inputs=False)
+    extra: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
+    if ignored:
+        extra["ignored_params"] = ignored
+
+    def owns_sharded(m: nn.Module) -> bool:
+        return any(p not in ignored for p in m.parameters())
+
+    blocks = [b for b in getattr(model, "blocks", ()) if owns_sharded(b)]
     try:
-        for block in getattr(model, "blocks", ()):
-            for sub in ("attn", "ffn"):
-                core = getattr(getattr(block, sub, None), "core", None)
-                if isinstance(core, nn.Module) and any(
-                        p not in ignored for p in core.parameters()):
-                    fully_shard(core, mesh=mesh, **extra)
-        fully_shard(model, mesh=mesh, **extra)
+        embed = getattr(model, "embed", None)
+        if (isinstance(embed, nn.Module) and getattr(model, "head", None) is not None
+                and owns_sharded(embed)):
+            fully_shard(embed, reshard_after_forward=True, **extra)
+        for i, block in enumerate(blocks):
+            fully_shard(block, reshard_after_forward=i < len(blocks) - 1, **extra)
+        fully_shard(model, **extra)
     except TypeError as e:  # a torch whose fully_shard takes no ignored_params
         raise ModbenchError(f"this torch's FSDP cannot leave the model's scalar parameters "
                             f"unsharded ({e}); use train.parallel=ddp") from None
-    return model
+    return [name or "<root>" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
 
 
 # ------------------------------------------------------------------------------ launching

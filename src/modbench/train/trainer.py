@@ -91,6 +91,7 @@ from modbench.train.distributed import (
     check_world,
     collective_failure,
     current_world,
+    fsdp_param_dtype,
     local_batch,
     rank_device,
 )
@@ -587,11 +588,18 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         autocast = autocast_for(cfg.recipe.precision, self.device)
         if self.world.size > 1:
-            return DistributedEngine(
+            dtype = fsdp_param_dtype(tc.fsdp_param_dtype, cfg.recipe.precision, self.device)
+            engine = DistributedEngine(
                 models[0], lambda model: build_optimizer(model, cfg.recipe), self.device,
                 autocast, self.world, parallel=tc.parallel,
                 n_micro=local_batch(tc, self.world.size, self.micro_batch)[1],
-                compile=tc.compile)
+                compile=tc.compile, param_dtype=dtype)
+            if engine.units and self.world.main and self.progress:
+                print(f"train.parallel=fsdp: {len(engine.units)} FSDP2 units "
+                      f"({', '.join(engine.units[:3])}{', ...' if len(engine.units) > 3 else ''})"
+                      f", parameters gathered in {str(dtype).removeprefix('torch.')}",
+                      file=sys.stderr, flush=True)
+            return engine
         return LocalEngine(
             models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
             autocast, n_micro=tc.batch_size // (self.micro_batch or tc.batch_size),
@@ -673,6 +681,8 @@ class Trainer:
                if len(self.members) > 1 else {}),
             **({"processes": self.world.size, "parallel": tc.parallel}
                if self.world.size > 1 else {}),
+            **({"fsdp_units": self.engine.units}
+               if getattr(self.engine, "units", None) else {}),
         }
         self._emit([m], "on_train_end", summary)
         if self.world.main:
