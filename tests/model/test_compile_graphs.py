@@ -1,0 +1,141 @@
+"""One compiled graph per method (issue 28, "One graph"): ``torch.compile`` of the training
+forward gives one graph, no graph break and no recompile, with and without activation
+checkpointing, for the baseline and a representative set of methods; every method that
+declares it cannot (``Method.compile_graph_breaks``) does break, so the declaration stays
+true; and the check itself sees breaks and recompiles where they are. The full sweep over
+the registry is ``modbench bench --compile-check`` (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from modbench.analysis.compile_check import _Recorder, check_method
+from modbench.cli import app
+from modbench.config import resolve
+from modbench.methods import load_all
+from modbench.methods._common import set_step
+from modbench.methods.build import build_model
+from modbench.model import attention
+from modbench.train.recompute import apply_activation_checkpointing
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the stream methods that keep earlier layers, the explicit attention kernels, the methods
+# whose graph breaks or recompiles were removed (softcap, powernorm, prepbn) and a wrapper
+# method; powernorm and prepbn update buffers in the forward, which checkpointing refuses
+BOTH_MODES = ["baseline", "hyper_connections", "attnres", "value_residual", "softcap",
+              "diff_attn", "comt"]
+NO_CHECKPOINTING = ["powernorm", "prepbn(warm_steps=0,decay_steps=30)"]
+
+
+def check(method: str, checkpointing: bool) -> Any:
+    return check_method(method, checkpointing=checkpointing,
+                        apply_checkpointing=apply_activation_checkpointing)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("method", BOTH_MODES)
+def test_one_graph(method: str, checkpointing: bool) -> None:
+    row = check(method, checkpointing)
+    assert (row.graphs, row.graph_breaks, row.recompiles, row.reasons) == (1, 0, 0, []), row
+    assert not row.expected and not row.note
+
+
+@pytest.mark.parametrize("method", NO_CHECKPOINTING)
+def test_one_graph_without_checkpointing(method: str) -> None:
+    row = check(method, False)
+    assert (row.graphs, row.graph_breaks, row.recompiles) == (1, 0, 0), row
+    refused = check(method, True)
+    assert refused.graphs is None and "updates buffers" in refused.note
+
+
+def test_declared_methods_do_break() -> None:
+    declared = sorted(n for n, cls in load_all().items() if cls.compile_graph_breaks)
+    assert "moe" in declared  # the data-dependent dispatch sizes
+    for name in declared:
+        row = check(name, False)
+        assert row.graph_breaks and row.graph_breaks > 0 and row.reasons, name
+        assert row.expected.startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize("method", ["softcap", "softcap(cap=0.002)", "powernorm",
+                                    "prepbn(warm_steps=1,decay_steps=2)"])
+def test_traced_forward_trains_as_eager(method: str) -> None:
+    """The graph-friendly paths (softcap's explicit kernel for a slack and a binding cap, the
+    device-side counts of powernorm and prepbn) give eager's numbers: losses, gradients and
+    buffers over three steps, the traced graph run as recorded."""
+    cfg = resolve("tiny", method=method)
+    eager = build_model(cfg.model, seed=0).train()
+    traced_model = copy.deepcopy(eager)
+    traced = torch.compile(traced_model, backend=_Recorder())
+    gen = torch.Generator().manual_seed(1)
+    for step in range(3):
+        idx = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=gen)
+        for m in (eager, traced_model):
+            set_step(m, step, 4)
+        want, want_aux = eager(idx, with_aux=True, loss=True)
+        got, got_aux = traced(idx, with_aux=True, loss=True)
+        (want + want_aux).backward()
+        (got + got_aux).backward()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    exact = method != "softcap"  # softcap's eager fast path is SDPA: equal to rounding
+    for (name, p), q in zip(eager.named_parameters(), traced_model.parameters(), strict=True):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=0 if exact else 1e-4,
+                                       atol=0 if exact else 1e-5, msg=name)
+    for (name, b), c in zip(eager.named_buffers(), traced_model.buffers(), strict=True):
+        torch.testing.assert_close(c, b, rtol=0, atol=0, msg=name)
+    torch._dynamo.reset()
+
+
+def test_check_sees_a_host_read_and_a_recompile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host read planted in the attention kernel is a break reported at its line (and
+    makes Dynamo run the block loop's frame eagerly); a Python counter the forward changes
+    makes later steps recompile."""
+    plain = attention.SDPAKernel.forward
+
+    def host_read(self: Any, q: torch.Tensor, *rest: Any) -> torch.Tensor:
+        if float(q.detach().sum()) > 1e30:  # the planted host read
+            q = q * 2
+        return plain(self, q, *rest)
+
+    monkeypatch.setattr(attention.SDPAKernel, "forward", host_read)
+    row = check("baseline", False)
+    assert row.graphs and row.graphs > 1 and row.graph_breaks and row.graph_breaks > 0
+    assert any("test_compile_graphs.py:" in r for r in row.reasons), row.reasons
+    assert any("run eagerly" in r for r in row.reasons), row.reasons
+
+    def counter(self: Any, q: torch.Tensor, *rest: Any) -> torch.Tensor:
+        self.calls = getattr(self, "calls", 0) + 1
+        return plain(self, q * (1.0 + 0.0 * self.calls), *rest)
+
+    monkeypatch.setattr(attention.SDPAKernel, "forward", counter)
+    row = check("baseline", False)
+    assert row.recompiles and row.recompiles > 0, row
+
+
+def test_cli_json_rows() -> None:
+    result = CliRunner().invoke(app, ["bench", "--compile-check", "--json", "--no-progress",
+                                      "--methods", "baseline,moe", "--no-checkpointing"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["method"], r["checkpointing"]) for r in rows] == [("baseline", False),
+                                                               ("moe", False)]
+    for r in rows:
+        assert {"method", "checkpointing", "graphs", "graph_breaks", "recompiles",
+                "reasons"} <= set(r)
+    base, moe = rows
+    assert (base["graphs"], base["graph_breaks"], base["recompiles"]) == (1, 0, 0)
+    assert moe["graph_breaks"] > 0 and moe["expected"] and any(
+        "moe.py:" in why for why in moe["reasons"])
+
+
+def test_cli_refuses_unknown_method() -> None:
+    result = CliRunner().invoke(app, ["bench", "--compile-check", "--methods", "nope"])
+    assert result.exit_code == 2 and "unknown method 'nope'" in result.output
