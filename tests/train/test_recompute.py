@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +169,38 @@ def test_bad_modes_are_refused_in_one_line(value: str) -> None:
         TrainConfig(activation_checkpointing=value).validate()
     with pytest.raises(ModbenchError, match=r"train\.activation_checkpointing must be"):
         parse_mode(value)
+
+
+_HEAP_PROBE = """
+import os, sys, torch
+from modbench.runtime.device import return_freed_activations
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+if sys.argv[1] == "1":
+    assert return_freed_activations(torch.device("cpu"))
+big = torch.ones(4 << 20)  # 16 MB, freed: glibc's dynamic threshold rises above 4 MB
+del big
+kept, freed = [], []
+for i in range(40):  # 4 MB activations, every other one kept (checkpointed block inputs)
+    (kept if i % 2 else freed).append(torch.ones(1 << 20))
+before = rss()
+n = sum(t.numel() * 4 for t in freed)
+freed.clear()
+print((before - rss()) / n)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists()
+                    or not hasattr(os, "confstr") or "glibc" not in (
+                        os.confstr("CS_GNU_LIBC_VERSION") or ""), reason="glibc on Linux")
+def test_freed_activations_leave_the_process_on_the_cpu() -> None:
+    """With the heap setting the trainer makes under checkpointing on the CPU, freeing 4 MB
+    activations between kept ones returns their memory; with glibc's default (its threshold
+    raised by an earlier large free) none of it leaves the resident set."""
+    returned = {}
+    for setting in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, setting], check=True,
+                             capture_output=True, text=True)
+        returned[setting] = float(out.stdout.strip())
+    assert returned["1"] > 0.9, returned
+    assert returned["0"] < 0.5, returned

@@ -91,3 +91,33 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity API (macOS, Windows)
         return max(1, os.cpu_count() or 1)
+
+
+#: glibc's ``mallopt`` parameter for the mmap threshold (malloc.h's ``M_MMAP_THRESHOLD``)
+_M_MMAP_THRESHOLD = -3
+#: The threshold :func:`return_freed_activations` sets: an activation of a CPU run above
+#: 1 MiB gets its own mapping, returned to the system when the tensor is freed.
+ACTIVATION_MMAP_BYTES = 1 << 20
+
+
+def return_freed_activations(device: torch.device) -> bool:
+    """On the CPU under glibc, map each allocation above :data:`ACTIVATION_MMAP_BYTES` on its
+    own (``mallopt(M_MMAP_THRESHOLD)``) so that memory freed by activation checkpointing
+    leaves the process. By default glibc raises its threshold up to 32 MB as large blocks are
+    freed, serves activations from its heap, and keeps the heap's freed space resident between
+    the block inputs checkpointing keeps: the resident set then stays near the memory of a run
+    without checkpointing (BENCHMARKS.md, "Activation checkpointing"). Returns whether the
+    threshold was set (not on CUDA, not without glibc); it holds for the rest of the process."""
+    if device.type != "cpu" or not os.path.exists("/proc/self/maps"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, ACTIVATION_MMAP_BYTES))

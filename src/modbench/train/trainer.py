@@ -72,7 +72,7 @@ from modbench.runtime.checkpoint import (
     stop_requested,
 )
 from modbench.runtime.data import Prefetcher, open_data_in_group
-from modbench.runtime.device import autocast_for, resolve_device
+from modbench.runtime.device import autocast_for, resolve_device, return_freed_activations
 from modbench.runtime.lock import LOCK_NAME, FolderLock
 from modbench.runtime.loss import finite_or_none, perplexity
 from modbench.runtime.runfolder import (
@@ -537,6 +537,7 @@ class Trainer:
                          for m in self.members
                          if m.index not in ckpts and self.init_checkpoint is not None}
             if tc.activation_checkpointing:
+                return_freed_activations(self.device)  # the memory it frees leaves the process
                 for model in models:
                     apply_activation_checkpointing(model, self.plan.method,
                                                    tc.activation_checkpointing)
