@@ -348,7 +348,8 @@ def bench(
         help="Instead of timing: count the graphs, graph breaks (with reasons) and recompiles "
              "torch.compile makes of each method's training forward, with and without "
              "activation checkpointing (--methods, default all; --preset, default tiny; "
-             "--dtype, --device; a backend that generates no code). Table, or --json rows.")
+             "--dtype, --device; one torch thread unless --threads; a backend that generates "
+             "no code). Table, or --json rows.")
     ] = False,
     checkpointing: Annotated[bool | None, typer.Option(
         help="--compile-check: only with (--checkpointing) or only without "
@@ -382,7 +383,8 @@ def bench(
         names = list(DEFAULT_METHODS)
     if compile_check:
         _compile_check(names or [], preset=preset or "tiny", checkpointing=checkpointing,
-                       dtype=dtype, device=device, as_json=as_json, progress=progress)
+                       dtype=dtype, device=device, as_json=as_json, progress=progress,
+                       threads=threads)
         return
     preset = preset or "cpu-small"
     presets = [p.strip() for p in hf_presets.split(",") if p.strip()] if hf else None
@@ -394,8 +396,12 @@ def bench(
 
 
 def _compile_check(names: list[str], *, preset: str, checkpointing: bool | None, dtype: str,
-                   device: str, as_json: bool, progress: bool) -> None:
-    """`modbench bench --compile-check` (modbench.analysis.compile_check)."""
+                   device: str, as_json: bool, progress: bool, threads: int) -> None:
+    """`modbench bench --compile-check` (modbench.analysis.compile_check); one torch thread
+    unless --threads says otherwise (tracing is Python-bound; tiny graphs run fastest on one
+    thread of a shared machine)."""
+    import torch
+
     from modbench.analysis.compile_check import (
         TABLE_HEADERS,
         run_compile_check,
@@ -409,6 +415,7 @@ def _compile_check(names: list[str], *, preset: str, checkpointing: bool | None,
         if dtype not in ("auto", "fp32", "bf16"):
             raise ModbenchError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
         bf16 = dtype == "bf16" or (dtype == "auto" and device.startswith("cuda"))
+        torch.set_num_threads(threads or 1)
         rows = run_compile_check(names, preset=preset, modes=modes,
                                  apply_checkpointing=apply_activation_checkpointing,
                                  bf16=bf16, device=device, progress=progress)
