@@ -26,11 +26,10 @@ from modbench.train.recompute import apply_activation_checkpointing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# the stream methods that keep earlier layers, the explicit attention kernels, the methods
+# the stream methods that keep earlier layers, an explicit attention kernel, the methods
 # whose graph breaks or recompiles were removed (softcap, powernorm, prepbn) and a wrapper
 # method; powernorm and prepbn update buffers in the forward, which checkpointing refuses
-BOTH_MODES = ["baseline", "hyper_connections", "attnres", "value_residual", "softcap",
-              "diff_attn", "comt"]
+BOTH_MODES = ["baseline", "hyper_connections", "attnres", "value_residual", "softcap", "comt"]
 NO_CHECKPOINTING = ["powernorm", "prepbn(warm_steps=0,decay_steps=30)"]
 
 

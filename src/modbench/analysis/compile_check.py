@@ -74,7 +74,7 @@ class CompileRow:
     recompiles: int | None
     reasons: list[str] = field(default_factory=list)
     expected: str = ""  # the method's declared reason for breaking (compile_graph_breaks)
-    note: str = ""  # why nothing was traced (checkpointing refused)
+    note: str = ""  # why nothing was counted (checkpointing refused, compilation failed)
     seconds: float = 0.0
 
     @property
@@ -219,14 +219,22 @@ def check_method(method: str, *, preset: str = "tiny", checkpointing: bool = Fal
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=recorder)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
-    with _breaks_logged() as log, autocast:
-        for i, idx in enumerate(batches):
-            set_step(model, mid + i, cfg.train.steps)  # what the trainer's callback does
-            compiled(idx, with_aux=True, loss=True)
-            if i == 0:
-                graphs, breaks = recorder.graphs, list(log.messages)
+    graphs, breaks = 0, []
+    try:
+        with _breaks_logged() as log, autocast:
+            for i, idx in enumerate(batches):
+                set_step(model, mid + i, cfg.train.steps)  # what the trainer's callback does
+                compiled(idx, with_aux=True, loss=True)
+                if i == 0:
+                    graphs, breaks = recorder.graphs, list(log.messages)
+    except torch._dynamo.exc.TorchDynamoException as e:  # a failure, not a graph break
+        why = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        return CompileRow(label, checkpointing, None, None, None, expected=expected,
+                          note=f"compile failed: {type(e).__name__}: {why}",
+                          seconds=time.perf_counter() - start)
+    finally:
+        torch._dynamo.reset()
     recompiles = recorder.graphs - graphs
-    torch._dynamo.reset()
     return CompileRow(label, checkpointing, graphs, len(breaks), recompiles,
                       _distinct(break_reason(b) for b in breaks), expected=expected,
                       seconds=time.perf_counter() - start)
@@ -245,6 +253,13 @@ def run_compile_check(methods: list[str], *, preset: str = "tiny",
     if not methods:
         raise ModbenchError("no method to check; give --methods a,b or --methods all")
     resolve(preset)  # an unknown preset fails before the first method
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ModbenchError(f"--device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModbenchError(f"--device {device}: no CUDA device is available here; use "
+                            "--device cpu") from None
     for m in methods:
         parse_methods(m)
     rows = []
