@@ -26,7 +26,8 @@ from modbench.train.recompute import apply_activation_checkpointing, parse_mode
 from tests.helpers import tiny
 
 METHODS = ["baseline", "hyper_connections", "denseformer", "attnres", "value_residual",
-           "laurel_pa", "moe"]
+           "laurel_pa", "moe",
+           "relaxed_recursive"]  # layers sharing weights (the tie slot): no buffers
 
 
 def sublayer_modules(block: nn.Module) -> list[nn.Module]:

@@ -79,7 +79,9 @@ def parse_mode(value: bool | str) -> tuple[str, int] | None:
 def stateful_buffers(model: nn.Module) -> list[str]:
     """Names of the model's persistent buffers: state the forward (or backward) may update,
     such as running statistics (RoPE tables are non-persistent constants)."""
-    params = {name for name, _ in model.named_parameters()}
+    # every name of every parameter: a weight shared by two layers (the tie slot) is in the
+    # state dict under both, and is no buffer
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     return [name for name in model.state_dict() if name not in params]
 
 
