@@ -26,7 +26,9 @@ on) and the JSON rewritten after each, so a partial run leaves what it measured:
   ``auto``, said so), bf16, compiled: steady tokens/s (after the first read-back window,
   which holds compilation), MFU, peak memory.
 - ``llama_350m``: ``modbench bench`` at ``llama-350m``, bf16, compiled: bare and trainer MFU.
-- ``compile_graphs``: ``torch._dynamo.explain`` of the baseline's training forward, with and
+- ``compile_graphs``: ``modbench bench --compile-check`` on CUDA in bf16 for ten methods
+  (:data:`CHECK_METHODS`: graphs, breaks, recompiles, with and without checkpointing), and
+  ``torch._dynamo.explain`` of the baseline's training forward, with and
   without activation checkpointing: graphs, graph breaks and their reasons.
 - ``fsdp_units``: the modules ``fully_shard`` wraps (``_fully_shard`` of
   ``modbench.train.distributed``) in a one-process group.
@@ -63,12 +65,12 @@ ROOT = SCRIPT.parent.parent
 SCHEMA = 1
 
 # (section, share of the remaining budget). Shares are relative to the sections still to run.
-# On an H100 (estimates, not yet measured): tests ~60-120 s (cut where longer), memory plan
-# ~10-20 s a pair, climb-1.2b ~150 s (compilation, 20 steps, the final 15 GB checkpoint),
-# llama-350m ~100 s (two compilations), graphs and FSDP units ~30 s.
+# Measured on an H200 (2026-11-26, BENCHMARKS.md): tests over 63 s (cut), memory plan 10-12 s
+# a plan and 12-25 s a measured pair (the first call cut six of nine pairs), climb-1.2b 109 s,
+# llama-350m 101 s, graphs 16 s, FSDP units 8 s; the compile check adds ~20 methods x modes.
 SECTIONS: list[tuple[str, float]] = [
-    ("environment", 0.01), ("tests", 0.15), ("memory_plan", 0.20), ("climb_1_2b", 0.30),
-    ("llama_350m", 0.22), ("compile_graphs", 0.06), ("fsdp_units", 0.03),
+    ("environment", 0.01), ("tests", 0.13), ("memory_plan", 0.20), ("climb_1_2b", 0.27),
+    ("llama_350m", 0.23), ("compile_graphs", 0.10), ("fsdp_units", 0.03),
     ("nccl_2proc", 0.03)]
 # The sizes of each path: the GPU's, and the dry path's (tiny, a few steps).
 GPU = {"plan_presets": ["llama-60m", "llama-350m", "climb-1.2b"],
@@ -649,9 +651,39 @@ def s_llama_350m(run: Run, allot: float) -> dict[str, Any]:
             "seconds": round(secs, 1)}
 
 
+#: the methods of ``modbench bench --compile-check`` on the GPU: the baseline, the fast-path
+#: residual and attention methods, softcap (FlexAttention outside the graph on CUDA), two
+#: that update statistics and one that declares host reads
+CHECK_METHODS = "baseline,softcap,hyper_connections,denseformer,attnres,diff_attn,ngpt," \
+    "powernorm,prepbn,moe"
+
+
 def s_compile_graphs(run: Run, allot: float) -> dict[str, Any]:
-    return child("graphs", {"device": run.device, "preset": run.size["graph_preset"],
-                            "rows": run.size["graph_rows"]}, allot, run.work)
+    out = child("graphs", {"device": run.device, "preset": run.size["graph_preset"],
+                           "rows": run.size["graph_rows"]}, allot / 3, run.work)
+    methods = CHECK_METHODS if run.cuda else "baseline,softcap"
+    cmd = [sys.executable, "-m", "modbench", "bench", "--compile-check", "--json",
+           "--methods", methods, "--device", run.device, "--no-progress"]
+    if run.cuda:
+        cmd += ["--dtype", "bf16"]
+    code, text, secs = run_child(cmd, max(allot * 2 / 3 - 1, 5))
+    check: dict[str, Any] = {"command": " ".join(["modbench", *cmd[3:]]), "seconds": round(
+        secs, 1)}
+    if code is None:
+        check["status"] = "cut"
+    elif code != 0:
+        check.update(status="error", error=last_line(text))
+    else:
+        try:
+            start = text.index("[")
+            rows = json.loads(text[start:text.rindex("]") + 1])
+            check.update(status="ok", rows=[{k: r.get(k) for k in (
+                "method", "checkpointing", "graphs", "graph_breaks", "recompiles", "reasons",
+                "expected")} for r in rows])
+        except ValueError as e:
+            check.update(status="error", error=f"unreadable JSON: {e}")
+    out["compile_check"] = check
+    return out
 
 
 def s_fsdp_units(run: Run, allot: float) -> dict[str, Any]:
