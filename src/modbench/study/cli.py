@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from modbench.analysis.power import SeedPlan
+    from modbench.study.plan import Throughput
 
 study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.\n\n"
                         "Example: modbench study run builtin-cpu --out studies/builtin-cpu",
@@ -210,6 +214,177 @@ def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-i
     scales = sorted({r.scale for r in runs})
     typer.echo(f"{s.name}: valid — {len(runs)} runs, {len({r.method for r in runs})} methods, "
                f"scales {', '.join(scales)}")
+
+
+@study_app.command("plan")
+def plan(
+    spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")],
+    effect: Annotated[str, typer.Option(
+        help="The true effect to find: in loss (metric) units, or in sigmas of the noise floor. "
+             "Example: --effect 0.02, --effect 2σ, --effect 2sigma.")],
+    sigma: Annotated[float | None, typer.Option(
+        help="The noise floor (the baseline's seed std) in metric units. Example: --sigma "
+             "0.03.")] = None,
+    from_study: Annotated[Path | None, typer.Option(
+        "--from", help="Take the noise floor from a finished study folder: its baseline's "
+                       "seed std at its first scale. Example: --from studies/builtin-cpu.")
+    ] = None,
+    power: Annotated[float, typer.Option(
+        help="The probability of calling the effect an improver to aim at.")] = 0.8,
+    baseline_seeds: Annotated[str, typer.Option(
+        help="The baseline's seeds at each candidate n: same (n), sqrt (n x sqrt(methods), "
+             "Dunnett's allocation for many comparisons with one baseline) or a number "
+             "(at least n). Example: --baseline-seeds sqrt.")] = "same",
+    workers: Annotated[int | None, typer.Option(
+        help="CPU worker processes the CPU wall time assumes (default: one per usable core, "
+             "at most 8, as `study run`).")] = None,
+    gpu_type: Annotated[str | None, typer.Option(
+        help="GPU of the GPU-hours estimate: H100, H200, A100, B200 (default: H100).")] = None,
+    gpu_tflops: Annotated[float | None, typer.Option(
+        help="Dense bf16 peak in TFLOP/s of another GPU.")] = None,
+    mfu: Annotated[float | None, typer.Option(
+        help="Model FLOPs utilisation of the GPU estimate (default: 0.30).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Seeds per method and baseline that give the verdict POWER (default 80 %) to call a
+    true effect an improver, at the spec's design (its methods form the Holm family at alpha
+    0.05, pooled t, |Δ| > 1σ), n = 2..20, and what they cost: FLOPs, CPU time, GPU-hours.
+    Writes nothing. docs/statistics.md, "Planning seeds".
+
+    Example: modbench study plan builtin-cpu --effect 2σ
+
+    Example: modbench study plan builtin-cpu --effect 0.02 --from studies/builtin-cpu --json
+    """
+    import json
+    import math
+
+    from modbench.analysis import power as P
+    from modbench.analysis.results import ALPHA, CORRECTION, FLOOR_SIGMAS
+    from modbench.errors import ModbenchError
+    from modbench.study.plan import run_flops, throughput
+    from modbench.study.spec import load_spec, run_spec
+
+    eff = P.parse_effect(effect)
+    rule = P.parse_baseline_seeds(baseline_seeds)
+    if sigma is not None and from_study is not None:
+        raise ModbenchError("give the noise floor once: --sigma S or --from STUDY_FOLDER")
+    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
+        raise ModbenchError(f"--sigma must be a positive std in metric units, got {sigma}")
+    if workers is not None and workers < 1:
+        raise ModbenchError(f"--workers must be at least 1, got {workers}")
+    rate = throughput(gpu_type, gpu_tflops, mfu)
+    s = load_spec(spec)
+    floor_note = ""
+    if from_study is not None:
+        sigma, floor_note = _study_floor(from_study)
+    d = eff.sigmas(sigma)
+    methods = [m for m in dict.fromkeys(s.methods) if m != s.baseline]
+    base_f = [run_flops(run_spec(s, sc, s.baseline, 0).config) for sc in s.scales]
+    meth_f = [run_flops(run_spec(s, sc, m, 0).config) for sc in s.scales for m in methods]
+    p = P.plan_seeds(d, len(methods), alpha=ALPHA, power=power, floor_sigmas=FLOOR_SIGMAS,
+                     baseline=rule, flops_per_run={"baseline": base_f, "methods": meth_f},
+                     scales=len(s.scales), correction=CORRECTION, sigma=sigma,
+                     effect_metric=d * sigma if sigma is not None else None)
+    if from_study is not None:
+        p.notes.append(floor_note)
+    if workers is None:
+        from modbench.runtime.device import usable_cpus
+
+        workers = min(usable_cpus(), 8)
+    cpu_s = [r.flops / P.CPU_FLOPS_PER_S for r in p.rows]
+    gpu_h = [r.flops / rate.flops_per_s / 3600 for r in p.rows]
+    if as_json:
+        out = {**p.to_dict(), "spec": s.name, "scales": s.scales, "methods": methods,
+               "baseline": s.baseline, "cpu_flops_per_s": P.CPU_FLOPS_PER_S, "workers": workers,
+               "gpu": rate.gpu, "gpu_flops_per_s": rate.flops_per_s,
+               "cost": [{"n": r.n, "cpu_core_hours": c / 3600,
+                         "cpu_wall_hours": c / 3600 / min(workers, r.runs),
+                         "gpu_hours": g} for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True)]}
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(_format_power_plan(s.name, s.scales, s.baseline, p, cpu_s, gpu_h, workers,
+                                  rate))
+
+
+def _study_floor(folder: Path) -> tuple[float, str]:
+    """The noise floor of a finished study: its baseline's seed std (ddof 1) at its first
+    scale (the spec's order, else by name) on its decision metric, and a line saying so."""
+    from modbench.analysis.power import sigma_interval
+    from modbench.analysis.results import default_metric, metric_table
+    from modbench.analysis.stats import sample_std
+    from modbench.errors import ModbenchError
+    from modbench.study.results import load_rows, load_spec_of
+    from modbench.study.spec import StudySpec
+
+    rows = load_rows(folder)
+    spec = load_spec_of(folder) or StudySpec()
+    metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
+    here = {r.scale for r in rows if r.method == spec.baseline and r.state == "done"}
+    order = [sc for sc in spec.scales if sc in here] + sorted(here - set(spec.scales))
+    if not order:
+        raise ModbenchError(f"{folder} has no finished run of its baseline '{spec.baseline}': "
+                            "no noise floor to read; give --sigma S")
+    scale = order[0]
+    values = list(metric_table(rows, scale, metric, spec.baseline)[spec.baseline].values())
+    finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
+    sd = sample_std(finite)
+    if len(finite) < 2 or not sd > 0:
+        raise ModbenchError(f"{folder}: the baseline has {len(finite)} finished seed(s) with "
+                            f"a {metric} at {scale} and σ = {sd:.3g}: no noise floor; give "
+                            "--sigma S")
+    lo, hi = sigma_interval(sd, len(finite))
+    return sd, (f"σ = {sd:.4g} ({metric}) from {folder}'s {len(finite)} baseline seeds at "
+                f"{scale}; from {len(finite)} seeds its 95 % interval is {lo:.3g} to {hi:.3g}, "
+                "so the planned seeds are as uncertain as that floor")
+
+
+def _format_power_plan(name: str, scales: list[str], baseline: str, p: SeedPlan,
+                       cpu_s: list[float], gpu_h: list[float], workers: int,
+                       rate: Throughput) -> str:
+    from modbench.analysis.power import CPU_FLOPS_PER_S
+
+    eff = f"{p.effect_sigma:.3g}σ" + (f" = {p.effect_metric:.4g} (σ = {p.sigma:.4g})"
+                                      if p.effect_metric is not None else "")
+    b = {"same": "the same n", "sqrt": "ceil(n x sqrt(methods))"}.get(
+        str(p.baseline_rule), f"max({p.baseline_rule}, n)")
+    lines = [f"power plan for {name}: a method truly {eff} better, called an improver",
+             f"design     {p.m} methods against {baseline} at {len(scales)} scale(s) "
+             f"({', '.join(scales)}); baseline seeds: {b}",
+             f"test       pooled t, df = (n_b - 1) + {p.m} (n - 1); Holm over {p.m} at α "
+             f"{p.alpha:g}, bounded by Bonferroni (α/{p.m}); and |Δ| > {p.floor_sigmas:g}σ",
+             "",
+             f"{'n':>3} {'n_b':>4} {'df':>4} {'power':>7} {'(t alone)':>9} {'runs':>5} "
+             f"{'FLOPs':>9} {'CPU h':>8} {'GPU-h':>8}"]
+    for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True):
+        mark = "  <- " + f"{p.target:.0%}" if r is p.chosen else ""
+        lines.append(f"{r.n:>3} {r.n_b:>4} {r.df:>4} {r.power:>7.1%} {r.test_power:>9.1%} "
+                     f"{r.runs:>5} {r.flops:>9.3g} {c / 3600:>8.2f} {g:>8.3g}{mark}")
+    lines.append("")
+    if p.chosen is not None:
+        i = p.rows.index(p.chosen)
+        c = p.chosen
+        wall = cpu_s[i] / min(workers, c.runs)
+        lines.append(f"seeds: {c.n} per method and {c.n_b} for the baseline give "
+                     f"{c.power:.1%} power ({c.runs} runs, {c.flops:.3g} FLOPs)")
+        lines.append(f"CPU time: {cpu_s[i] / 3600:.2f} core-hours, about "
+                     f"{_duration(wall)} wall with {workers} worker process(es); GPU: "
+                     f"{gpu_h[i]:.3g} GPU-hours on {rate.gpu} at {rate.flops_per_s / 1e12:.1f} "
+                     f"TFLOP/s (MFU {rate.mfu:.2f}{', assumed' if rate.mfu_assumed else ''})")
+    else:
+        lines.append(f"seeds: no n up to {p.rows[-1].n} reaches {p.target:.0%} power")
+    lines.append(f"CPU rate: {CPU_FLOPS_PER_S / 1e9:.1f} GFLOP/s per worker process, assumed: "
+                 "the built-in study's measured end-to-end rate (BENCHMARKS.md); other shapes "
+                 "run at other rates")
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 @study_app.command("list")
