@@ -39,7 +39,7 @@ def test_a_spec_without_claim_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("claim", "message"), [
-    ({"expect": {"post_ln": ["worse"]}}, "unknown verdict 'worse'"),
+    ({"expect": {"post_ln": ["worst"]}}, "unknown verdict 'worst'"),
     ({"expect": ["post_ln"]}, "must map methods to verdicts"),
     ({"expect": {"post_ln": []}}, "must be a verdict or a list"),
     ({"texts": "x"}, "unknown study key 'claim.texts'"),

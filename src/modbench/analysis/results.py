@@ -10,11 +10,13 @@ folder is ``modbench.study.results``; rendering is ``modbench.report``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from modbench.analysis.stats import compare
+from modbench.errors import ModbenchError
 from modbench.runtime.runfolder import PROBES
 from modbench.runtime.stall import judge_run_folder
 
@@ -186,6 +188,52 @@ class MethodFlops:
 
 # verdicts that settle a method's effect (diverged and stalled: failures)
 DECIDED = ("improver", "degrader", "diverged", "stalled")
+#: The verdict names a claim may expect (modbench.analysis.stats.Verdict, less the baseline's).
+VERDICT_NAMES: Final = ("improver", "within_noise", "degrader", "diverged", "stalled")
+#: The forms a claim may expect besides verdict names: ``better`` (shown an improver),
+#: ``worse`` (shown a degrader, or failing more often), ``not_worse(MARGIN)`` and
+#: ``equivalent(MARGIN)``, MARGIN in the metric's units (``0.02``) or sigmas (``1σ``).
+CLAIM_FORMS: Final = ("better", "worse", "not_worse(MARGIN)", "equivalent(MARGIN)")
+_FAILED = ("diverged", "stalled")
+_MARGIN_FORM = re.compile(r"^\s*(not_worse|equivalent)\s*\(\s*(.*?)\s*\)\s*$")
+_MARGIN = re.compile(r"^([0-9][0-9eE+\-.]*)\s*(σ|sigma|sigmas)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One entry of a claim's ``expect`` list, parsed: a verdict name, ``better``, ``worse``,
+    or ``not_worse`` / ``equivalent`` with a margin (``margin`` in metric units, or in sigmas
+    of the scale's noise floor when ``in_sigmas``)."""
+
+    kind: str
+    margin: float = math.nan
+    in_sigmas: bool = False
+
+    def margin_at(self, sigma: float) -> float:
+        """The margin in metric units at a scale whose noise floor is ``sigma``."""
+        return self.margin * sigma if self.in_sigmas else self.margin
+
+
+def parse_expectation(text: str, where: str = "claim.expect") -> Expectation:
+    """A claim's expected outcome: a verdict name (:data:`VERDICT_NAMES`) or one of
+    :data:`CLAIM_FORMS`; anything else is refused in one line."""
+    t = str(text).strip()
+    if t in VERDICT_NAMES or t in ("better", "worse"):
+        return Expectation(t)
+    m = _MARGIN_FORM.match(t)
+    if m:
+        kind, raw = m.group(1), m.group(2)
+        mm = _MARGIN.match(raw)
+        try:
+            value = float(mm.group(1)) if mm else math.nan
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ModbenchError(f"{where}: {kind}({raw}) needs a positive margin in the "
+                                f"metric's units or in sigmas, e.g. {kind}(0.02) or {kind}(1σ)")
+        return Expectation(kind, value, bool(mm and mm.group(2)))
+    raise ModbenchError(f"{where}: unknown verdict {t!r}; use a verdict "
+                        f"({', '.join(VERDICT_NAMES)}) or {', '.join(CLAIM_FORMS)}")
 
 
 @dataclass(frozen=True)
@@ -194,15 +242,18 @@ class ClaimRow:
 
     ``outcome``: ``agrees`` (the verdict is one the claim predicts and shows it),
     ``contradicts`` (a decided verdict, improver / degrader / diverged / stalled, the claim
-    does not predict) or ``not shown`` (within noise or undetermined where the claim predicts
-    an effect: this study could not tell; and within noise where the claim allows it but the
-    interval does not show it, :func:`shows_within_noise`), ``not run`` (no finished runs)."""
+    does not predict, or an interval that lies wholly beyond a claimed margin) or ``not
+    shown`` (within noise or undetermined where the claim predicts an effect: this study
+    could not tell; and an interval that reaches past a claimed margin, or within noise where
+    the claim allows it but the interval does not show it, :func:`shows_within_noise`),
+    ``not run`` (no finished runs). ``why`` says which interval decided a margin claim."""
 
     scale: str
     method: str
     verdict: str
     expected: tuple[str, ...]
     outcome: str
+    why: str = ""
 
 
 @dataclass
@@ -225,6 +276,19 @@ class ClaimCheck:
         return "contradicted" if self.count("contradicts") else "partly shown"
 
 
+def _improvement_interval(result: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The test's simultaneous interval for the improvement (positive = better), worst end
+    first, and the floor's sigma; None where either is not finite."""
+    lo, hi = result.get("ci") or (math.nan, math.nan)
+    floor = result.get("floor") or {}
+    sigma = floor.get("sigma", math.nan)
+    sign = 1.0 if floor.get("higher_is_better", True) else -1.0
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in (lo, hi, sigma)):
+        return None
+    worst, best = sorted((sign * lo, sign * hi))
+    return worst, best, sigma
+
+
 def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, ...]) -> bool:
     """Whether a ``within_noise`` result shows what a claim allowing it says, by the test's
     simultaneous interval (``compare``'s ``ci``) against the margin ``FLOOR_SIGMAS`` sigma (the
@@ -233,14 +297,12 @@ def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, 
     ``degrader`` also expected, its most favourable end below +margin; with neither ("no
     effect"), both (equivalence by the interval inside ±margin, as TOST at level alpha/2 per
     side). An interval that reaches past the margin cannot show the claim: ``not shown``, never
-    ``agrees``. The margin is the rule's until a spec can declare one (issue 29, item 3)."""
-    lo, hi = result.get("ci") or (math.nan, math.nan)
-    floor = result.get("floor") or {}
-    sigma = floor.get("sigma", math.nan)
-    sign = 1.0 if floor.get("higher_is_better", True) else -1.0
-    if not all(isinstance(v, int | float) and math.isfinite(v) for v in (lo, hi, sigma)):
+    ``agrees``. A spec declares its own margin with ``not_worse(MARGIN)`` /
+    ``equivalent(MARGIN)`` (:func:`judge_expectation`)."""
+    iv = _improvement_interval(result)
+    if iv is None:
         return False
-    worst, best = sorted((sign * lo, sign * hi))  # the interval of the improvement
+    worst, best, sigma = iv
     margin = FLOOR_SIGMAS * sigma
     not_worse, not_better = worst > -margin, best < margin
     if "improver" in expected and "degrader" not in expected:
@@ -250,29 +312,77 @@ def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, 
     return not_worse and not_better
 
 
+def judge_expectation(result: dict[str, Any], exp: Expectation,
+                      expected: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+    """One expected outcome against one method's result: ``(outcome, why)``, outcome
+    ``agrees``, ``contradicts`` or ``not shown``.
+
+    * a verdict name: agrees when the verdict is it (``within_noise`` only where
+      :func:`shows_within_noise` shows it, with the list's other names), contradicts when the
+      verdict is another decided one (:data:`DECIDED`), else not shown;
+    * ``better``: an improver agrees; a degrader, diverged or stalled verdict contradicts;
+    * ``worse``: a degrader, diverged or stalled verdict agrees (failing more often is
+      worse: the verdict says so only when Fisher's test shows it); an improver contradicts;
+    * ``not_worse(M)``: **non-inferiority** by the verdict's Bonferroni-simultaneous
+      interval for the improvement (one-sided at alpha/2m): agrees when its worst end is
+      above -M, contradicts when its best end is below -M (worse by more than M is shown) or
+      the method fails more often (diverged, stalled), else not shown;
+    * ``equivalent(M)``: **TOST** by the same interval: agrees when it lies inside ±M,
+      contradicts when it lies wholly outside, or on a failure verdict, else not shown.
+
+    Without an interval (no floor, zero spread, no finite seed) a margin is not shown."""
+    verdict = str(result.get("verdict"))
+    kind = exp.kind
+    if kind in VERDICT_NAMES:
+        if verdict == kind:
+            if kind == "within_noise" and not shows_within_noise(result, expected):
+                return "not shown", "its interval reaches past the rule's 1σ margin"
+            return "agrees", ""
+        return ("contradicts" if verdict in DECIDED else "not shown"), ""
+    if kind == "better":
+        return ("agrees" if verdict == "improver" else "contradicts"
+                if verdict in ("degrader", *_FAILED) else "not shown"), ""
+    if kind == "worse":
+        return ("agrees" if verdict in ("degrader", *_FAILED) else "contradicts"
+                if verdict == "improver" else "not shown"), ""
+    if verdict in _FAILED:
+        return "contradicts", f"{verdict}: it fails more often than the baseline"
+    iv = _improvement_interval(result)
+    if iv is None:
+        return "not shown", "no interval for Δ (no noise floor or no spread)"
+    worst, best, sigma = iv
+    m = exp.margin_at(sigma)
+    span = f"the improvement's interval [{worst:.3g}, {best:.3g}] against margin {m:.3g}"
+    if kind == "not_worse":
+        return ("agrees" if worst > -m else "contradicts" if best < -m else "not shown"), span
+    # equivalent
+    return ("agrees" if -m < worst and best < m else "contradicts" if worst > m or best < -m
+            else "not shown"), span
+
+
 def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, list[str]],
                 source: str = "", text: str = "") -> ClaimCheck:
     """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
-    against the verdicts ``expect`` lists for it; a ``within_noise`` verdict agrees only where
-    its interval shows it (:func:`shows_within_noise`)."""
+    against the outcomes ``expect`` lists for it (verdict names or :data:`CLAIM_FORMS`,
+    judged by :func:`judge_expectation`): the row agrees when some entry agrees, contradicts
+    when every entry contradicts, else is not shown; a method without a finished run is not
+    run."""
     rows: list[ClaimRow] = []
     for scale, results in comparisons.items():
-        verdicts = {r["method"]: str(r["verdict"]) for r in results}
         by_method = {r["method"]: r for r in results}
         for method, expected in expect.items():
-            verdict = verdicts.get(method, "missing")
-            if verdict == "within_noise" and verdict in expected:
-                shown = shows_within_noise(by_method[method], expected)
-                outcome = "agrees" if shown else "not shown"
-            elif verdict in expected:
-                outcome = "agrees"
-            elif verdict == "missing":
-                outcome = "not run"
-            elif verdict in DECIDED:
-                outcome = "contradicts"
-            else:
-                outcome = "not shown"
-            rows.append(ClaimRow(scale, method, verdict, tuple(expected), outcome))
+            if method not in by_method:
+                rows.append(ClaimRow(scale, method, "missing", tuple(expected), "not run"))
+                continue
+            r = by_method[method]
+            judged = [judge_expectation(r, parse_expectation(e), expected) for e in expected]
+            outcomes = [o for o, _ in judged]
+            outcome = ("agrees" if "agrees" in outcomes
+                       else "contradicts" if all(o == "contradicts" for o in outcomes)
+                       else "not shown")
+            why = next((w for o, w in judged if o == outcome and w), "")
+            rows.append(ClaimRow(scale, method, str(r["verdict"]), tuple(expected), outcome,
+                                 why))
     return ClaimCheck(source, text, rows)
 
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from modbench.analysis.results import CLAIM_FORMS, VERDICT_NAMES, parse_expectation
 from modbench.config import EXECUTION_KEYS, RunConfig, resolve, yaml_nodes
 from modbench.errors import ModbenchError, suggest
 from modbench.methods.build import plan_run
@@ -90,8 +91,9 @@ class EvalSpec:
 
 
 # the verdicts a claim may expect (modbench.analysis.stats.Verdict): "diverged" and "stalled"
-# are failures, a method with a seed that diverged or stalled (docs/statistics.md)
-VERDICTS = ("improver", "within_noise", "degrader", "diverged", "stalled")
+# are failures, a method with a seed that diverged or stalled (docs/statistics.md); besides
+# them better, worse, not_worse(MARGIN) and equivalent(MARGIN) (analysis.results.CLAIM_FORMS)
+VERDICTS = VERDICT_NAMES
 
 
 @dataclass
@@ -335,9 +337,14 @@ def _claim_expectations(tree: Any) -> dict[str, list[str]]:
         if not isinstance(vs, list) or not vs:
             raise ModbenchError(f"claim.expect.{method} must be a verdict or a list of them")
         for v in vs:
-            if v not in VERDICTS:
+            if not isinstance(v, str):
+                raise ModbenchError(f"claim.expect.{method}: {v!r} is not a verdict; use "
+                                    f"{', '.join(VERDICTS)} or {', '.join(CLAIM_FORMS)}")
+            if v not in VERDICTS and "(" not in v and v not in CLAIM_FORMS[:2]:
                 raise ModbenchError(f"claim.expect.{method}: unknown verdict {v!r}"
-                                    f"{suggest(str(v), VERDICTS)}; use {', '.join(VERDICTS)}")
+                                    f"{suggest(v, (*VERDICTS, 'better', 'worse'))}; use "
+                                    f"{', '.join(VERDICTS)} or {', '.join(CLAIM_FORMS)}")
+            parse_expectation(v, f"claim.expect.{method}")  # margins: one line if wrong
         out[str(method)] = [str(v) for v in vs]
     return out
 
