@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
 import verdict_sim as V
 
-from modbench.analysis.power import test_power, verdict_power
+from modbench.analysis.power import t_power, verdict_power
 
 N = 100_000
 DESIGNS = [  # (effect in sigmas, seeds per method, baseline seeds, methods)
@@ -33,7 +33,7 @@ def main() -> None:
         base, meth = V.simulate(np.random.default_rng(2000 + i), N, n_b, eff, n)
         sim = V.rates(V.rule(base, meth)[0], eff)[1]
         print(f"| {d:g}σ | {n} | {n_b} | {m} | {verdict_power(d, n, n_b, m):.1%} | "
-              f"{sim:.1%} | {test_power(d, n, n_b, m):.1%} |")
+              f"{sim:.1%} | {t_power(d, n, n_b, m):.1%} |")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def test_power_grows_with_seeds_and_effect() -> None:
 def test_without_the_guard_it_is_the_noncentral_t(d: float, n: int, n_b: int, m: int) -> None:
     """floor_sigmas = 0 leaves the pooled t alone: the quadrature equals scipy's nct tail."""
     assert P.verdict_power(d, n, n_b, m, floor_sigmas=0.0) == pytest.approx(
-        P.test_power(d, n, n_b, m), abs=1e-4)
+        P.t_power(d, n, n_b, m), abs=1e-4)
 
 
 def test_builtin_design_matches_compare_by_monte_carlo() -> None:
@@ -77,7 +77,7 @@ def test_planned_power_is_the_rules(d: float, n: int, n_b: int, m: int) -> None:
     planned = P.verdict_power(d, n, n_b, m)
     assert abs(sim - planned) < 0.02, (sim, planned)
     if d < 1.0:  # the guard matters here, and the plan models it
-        assert P.test_power(d, n, n_b, m) - planned > 0.08
+        assert P.t_power(d, n, n_b, m) - planned > 0.08
 
 
 @pytest.mark.parametrize(("text", "value", "unit"), [

@@ -19,7 +19,7 @@ The power computed here is that of calling one method truly ``d`` sigma better a
   ``(U + W) / df``, so the probability is the double integral over the two chi-square
   quantiles of a normal tail, taken by Gauss-Legendre quadrature split where the guard stops
   binding. Without the guard (``floor_sigmas = 0``) it is exactly the noncentral t's
-  ``P(T > t_crit)`` (``scipy.stats.nct``), which :func:`test_power` gives and the tests check.
+  ``P(T > t_crit)`` (``scipy.stats.nct``), which :func:`t_power` gives and the tests check.
 
 Not modelled: the Brown–Forsythe switch to Welch's t when the variances differ (under equal
 variances it rejects about ``HOMOGENEITY_ALPHA`` of the time or less, and Welch then has less
@@ -59,7 +59,7 @@ __all__ = [
     "parse_effect",
     "plan_seeds",
     "sigma_interval",
-    "test_power",
+    "t_power",
     "verdict_power",
 ]
 
@@ -147,7 +147,7 @@ def _crit(alpha: float, m: int, df: float) -> float:
     return float(_sps.t.isf(alpha / (2.0 * m), df))
 
 
-def test_power(d: float, n: int, n_b: int, m: int, *, alpha: float = 0.05) -> float:
+def t_power(d: float, n: int, n_b: int, m: int, *, alpha: float = 0.05) -> float:
     """P(the pooled t calls a method truly ``d`` sigma better significant in its direction)
     at Bonferroni's two-sided level ``alpha / m``: the noncentral t's upper tail
     (``scipy.stats.nct``, noncentrality ``d / sqrt(1/n + 1/n_b)``, ``df = (n_b - 1) +
@@ -168,7 +168,7 @@ _GL_W = 0.5 * _GL_W
 def verdict_power(d: float, n: int, n_b: int, m: int, *, alpha: float = 0.05,
                   floor_sigmas: float = 1.0) -> float:
     """P(the verdict rule calls a method truly ``d`` sigma better an ``improver``): the
-    pooled t at Bonferroni's level (see :func:`test_power`) *and* ``Δ > floor_sigmas * s_b``,
+    pooled t at Bonferroni's level (see :func:`t_power`) *and* ``Δ > floor_sigmas * s_b``,
     ``s_b`` the baseline's estimated sigma. With ``U`` and ``W`` the baseline's and the other
     groups' sums of squares (chi-square on ``n_b - 1`` and ``m (n - 1)`` degrees of freedom,
     independent of each other and of ``Δ ~ N(d, 1/n + 1/n_b)``), the event is
@@ -220,7 +220,7 @@ class PowerRow:
     n_b: int
     df: int
     power: float  # the verdict's (test and |Δ| guard): verdict_power
-    test_power: float  # the pooled t alone: test_power
+    t_power: float  # the pooled t alone: t_power
     runs: int  # over every scale
     flops: float  # over every scale (NaN when not given)
 
@@ -274,7 +274,7 @@ def plan_seeds(effect_sigma: float, m: int, *, alpha: float = 0.05, power: float
             n=n, n_b=n_b, df=(n_b - 1) + m * (n - 1),
             power=verdict_power(effect_sigma, n, n_b, m, alpha=alpha,
                                 floor_sigmas=floor_sigmas),
-            test_power=test_power(effect_sigma, n, n_b, m, alpha=alpha),
+            t_power=t_power(effect_sigma, n, n_b, m, alpha=alpha),
             runs=scales * (n_b + m * n), flops=float(flops)))
     chosen = next((r for r in rows if r.power >= power), None)
     plan = SeedPlan(effect_sigma, effect_metric, sigma, m, scales, alpha, correction,

@@ -357,7 +357,7 @@ def _format_power_plan(name: str, scales: list[str], baseline: str, p: SeedPlan,
              f"{'FLOPs':>9} {'CPU h':>8} {'GPU-h':>8}"]
     for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True):
         mark = "  <- " + f"{p.target:.0%}" if r is p.chosen else ""
-        lines.append(f"{r.n:>3} {r.n_b:>4} {r.df:>4} {r.power:>7.1%} {r.test_power:>9.1%} "
+        lines.append(f"{r.n:>3} {r.n_b:>4} {r.df:>4} {r.power:>7.1%} {r.t_power:>9.1%} "
                      f"{r.runs:>5} {r.flops:>9.3g} {c / 3600:>8.2f} {g:>8.3g}{mark}")
     lines.append("")
     if p.chosen is not None:
