@@ -144,3 +144,10 @@ def test_spec_accepts_and_refuses_forms(tmp_path: Path) -> None:
         with pytest.raises(ModbenchError, match=says) as e:
             load_spec(write(bad))
         assert "\n" not in str(e.value) and "claim.expect.mix_ln" in str(e.value)
+
+
+def test_spec_verdicts_are_the_claims() -> None:
+    from modbench.analysis.results import VERDICT_NAMES
+    from modbench.study.spec import VERDICTS
+
+    assert VERDICTS == VERDICT_NAMES

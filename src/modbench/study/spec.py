@@ -45,7 +45,6 @@ from typing import Any
 
 import yaml
 
-from modbench.analysis.results import CLAIM_FORMS, VERDICT_NAMES, parse_expectation
 from modbench.config import EXECUTION_KEYS, RunConfig, resolve, yaml_nodes
 from modbench.errors import ModbenchError, suggest
 from modbench.methods.build import plan_run
@@ -92,8 +91,9 @@ class EvalSpec:
 
 # the verdicts a claim may expect (modbench.analysis.stats.Verdict): "diverged" and "stalled"
 # are failures, a method with a seed that diverged or stalled (docs/statistics.md); besides
-# them better, worse, not_worse(MARGIN) and equivalent(MARGIN) (analysis.results.CLAIM_FORMS)
-VERDICTS = VERDICT_NAMES
+# them better, worse, not_worse(MARGIN) and equivalent(MARGIN) (analysis.results.CLAIM_FORMS,
+# imported where a claim is read: analysis.results brings scipy, which a spec need not load)
+VERDICTS = ("improver", "within_noise", "degrader", "diverged", "stalled")
 
 
 @dataclass
@@ -328,6 +328,8 @@ def _diagnostics_spec(tree: Any) -> DiagnosticsSpec | None:
 
 def _claim_expectations(tree: Any) -> dict[str, list[str]]:
     """``claim.expect``: method -> a verdict or a list of verdicts that agree with the claim."""
+    from modbench.analysis.results import CLAIM_FORMS, parse_expectation
+
     if not isinstance(tree, dict):
         raise ModbenchError("study key 'claim.expect' must map methods to verdicts, e.g. "
                             "{post_ln: [stalled, diverged]}")
