@@ -358,7 +358,7 @@ def _format_power_plan(name: str, scales: list[str], baseline: str, p: SeedPlan,
     for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True):
         mark = "  <- " + f"{p.target:.0%}" if r is p.chosen else ""
         lines.append(f"{r.n:>3} {r.n_b:>4} {r.df:>4} {r.power:>7.1%} {r.t_power:>9.1%} "
-                     f"{r.runs:>5} {r.flops:>9.3g} {c / 3600:>8.2f} {g:>8.3g}{mark}")
+                     f"{r.runs:>5} {r.flops:>9.3g} {c / 3600:>8.3g} {g:>8.3g}{mark}")
     lines.append("")
     if p.chosen is not None:
         i = p.rows.index(p.chosen)
@@ -366,7 +366,7 @@ def _format_power_plan(name: str, scales: list[str], baseline: str, p: SeedPlan,
         wall = cpu_s[i] / min(workers, c.runs)
         lines.append(f"seeds: {c.n} per method and {c.n_b} for the baseline give "
                      f"{c.power:.1%} power ({c.runs} runs, {c.flops:.3g} FLOPs)")
-        lines.append(f"CPU time: {cpu_s[i] / 3600:.2f} core-hours, about "
+        lines.append(f"CPU time: {cpu_s[i] / 3600:.3g} core-hours, about "
                      f"{_duration(wall)} wall with {workers} worker process(es); GPU: "
                      f"{gpu_h[i]:.3g} GPU-hours on {rate.gpu} at {rate.flops_per_s / 1e12:.1f} "
                      f"TFLOP/s (MFU {rate.mfu:.2f}{', assumed' if rate.mfu_assumed else ''})")
@@ -384,7 +384,7 @@ def _duration(seconds: float) -> str:
         return f"{seconds / 60:.0f} min"
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+    return f"{seconds / 86400:.3g} days"
 
 
 @study_app.command("list")
