@@ -48,7 +48,7 @@ from modbench.analysis.results import (
 from modbench.analysis.stats import CORRECTIONS, decision_threshold, spearman_across_scales
 from modbench.fsutil import atomic_write_text
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
-from modbench.runtime.runfolder import CURVES, curves
+from modbench.runtime.runfolder import CURVES, curves, is_storage_error, write_failure
 
 #: Fewer finite seeds than this for any configuration at a scale: the report warns (the seed
 #: protocol's noise floor runs three seeds per reference configuration, seeds/002_* §3.3).
@@ -94,8 +94,23 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def write_report(results: StudyResults, out: Path) -> Path:
-    """Write the report files of ``results`` into the folder ``out``; returns ``out``."""
-    out = Path(out)
+    """Write the report files of ``results`` into the folder ``out``; returns ``out``.
+
+    Each file is replaced whole or not at all, so a write the storage refuses (a full disk)
+    leaves the files already there as they were and raises one line
+    (:func:`modbench.runtime.runfolder.write_failure`), not a traceback."""
+    try:
+        return _write_report(results, Path(out))
+    except OSError as e:
+        if not is_storage_error(e):
+            raise
+        where = Path(str(e.filename)) if e.filename else Path(out)
+        raise write_failure(e, where, "the report files already there are kept as they "
+                            f"were (each is replaced whole); free some space and run "
+                            f"`modbench study report {results.folder}` again") from None
+
+
+def _write_report(results: StudyResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, metric, baseline = results.rows, results.metric, results.baseline
     blocks: list[Block] = [Block("h1", f"Study report: {results.name}")]

@@ -35,6 +35,7 @@ import torch
 
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_path
+from modbench.runtime.runfolder import CHECKPOINT, is_torch_write_error, write_problem
 
 
 def save_checkpoint(path: Path, state: dict[str, Any], *, keep_previous: bool = False) -> None:
@@ -42,13 +43,52 @@ def save_checkpoint(path: Path, state: dict[str, Any], *, keep_previous: bool = 
 
     ``keep_previous``: the checkpoint it replaces stays as :func:`previous_path` (hard-linked
     there before the new one is renamed into place, so at every moment both files are
-    complete checkpoints)."""
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-        if keep_previous and path.is_file():
-            link = tmp.with_name(tmp.name + ".prev")
-            os.link(path, link)
-            os.replace(link, previous_path(path))
+    complete checkpoints).
+
+    A write the file system refuses (a full disk: ``torch.save`` raises a ``RuntimeError``
+    without an errno, so the free space decides; any ``OSError``) leaves the previous
+    checkpoint as it was and the temporary file removed, and raises a
+    :class:`~modbench.errors.ModbenchError` of one line saying what failed and what was kept
+    (:func:`modbench.runtime.runfolder.write_failure`)."""
+    try:
+        with atomic_path(path) as tmp:
+            try:
+                torch.save(state, tmp)
+            except RuntimeError as e:  # measured before atomic_path frees the partial file
+                if not is_torch_write_error(e):
+                    raise
+                raise _WriteFailed(write_problem(e, tmp, _size(tmp))) from e
+            if keep_previous and path.is_file():
+                link = tmp.with_name(tmp.name + ".prev")
+                os.link(path, link)
+                os.replace(link, previous_path(path))
+    except (OSError, _WriteFailed) as e:
+        problem = str(e) if isinstance(e, _WriteFailed) else write_problem(e, path)
+        raise ModbenchError(f"cannot write checkpoint {path}: {problem}; "
+                            f"{_kept(path)}") from None
+
+
+class _WriteFailed(Exception):
+    """torch.save's failed write, already put in words."""
+
+
+def _size(path: Path) -> int | None:
+    with contextlib.suppress(OSError):
+        return path.stat().st_size
+    return None
+
+
+def _kept(path: Path) -> str:
+    """What a failed checkpoint write kept: the checkpoint already there, and its step."""
+    if not path.is_file():
+        return ("there was no earlier checkpoint to keep (this was the first); free some space "
+                "and run it again (it starts over)")
+    try:
+        step = f" (step {checkpoint_step(path)})"
+    except Exception:
+        step = ""
+    return (f"the previous checkpoint{step} is kept intact; free some space, then resume "
+            "from it")
 
 
 def previous_path(path: Path) -> Path:
@@ -159,6 +199,32 @@ def checkpoint_step(path: Path) -> int:
     check_checkpoint(state, path)
     return int(state["step"])
 
+
+
+def interrupted_run_line(folders: list[Path], resume: str) -> str:
+    """The one line an interrupted ``modbench train`` prints (Ctrl-C): the step of each run
+    folder's last checkpoint, read from disk (a write cut by the interrupt left the one
+    before it), or that nothing was saved; and ``resume``, the command that continues."""
+    if not folders:
+        return "interrupted before training began: nothing was saved; run the same command again"
+    steps = []
+    for folder in folders:
+        try:
+            steps.append(checkpoint_step(folder / CHECKPOINT))
+        except Exception:  # no checkpoint yet (or none readable)
+            continue
+    where = folders[0] if len(folders) == 1 else Path(os.path.commonpath(folders))
+    if not steps:
+        return (f"interrupted before the first checkpoint: nothing was saved in {where}; "
+                f"start it again (from step 0) with: {resume}")
+    if len(set(steps)) == 1 and len(steps) == len(folders):
+        what = f"the last checkpoint (step {steps[0]})" if len(folders) == 1 else (
+            f"the last checkpoints (step {steps[0]})")
+    else:
+        what = f"{len(steps)} of {len(folders)} runs' checkpoints (steps " + ", ".join(
+            map(str, steps)) + ")"
+    verb = "is" if what.startswith("the last checkpoint (") else "are"
+    return f"interrupted: {what} {verb} saved in {where}; resume with: {resume}"
 
 # -------------------------------------------------------------------------- preemption
 

@@ -10,9 +10,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
+import os
 import platform
+import resource
 import subprocess
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +23,7 @@ from typing import IO, Any
 import torch
 
 import modbench
+from modbench.errors import ModbenchError
 
 CONFIG = Path("config.yaml")
 METRICS = Path("metrics.jsonl")
@@ -47,23 +51,140 @@ def code_version() -> dict[str, Any]:
 
 class MetricsLog:
     """``metrics.jsonl``, appended one record a line and flushed at once. A resumed run first
-    cuts the file back to ``truncate_at`` bytes: the log as of its checkpoint."""
+    cuts the file back to ``truncate_at`` bytes: the log as of its checkpoint.
+
+    A record the file system refuses (a full disk, a quota, an I/O error) is not left half
+    written: the log is cut back to the record before it and closed, and the write raises a
+    :class:`~modbench.errors.ModbenchError` of one line (:func:`write_failure`). The folder is
+    remembered (:func:`runs_written`) for the line an interrupted command prints."""
 
     def __init__(self, path: Path, truncate_at: int | None = None) -> None:
+        self.path = Path(path)
         if truncate_at is not None:
             with open(path, "r+b") as f:
                 f.truncate(truncate_at)
         self._file: IO[str] = open(path, "a")  # noqa: SIM115 - closed by close()
+        if self.path.parent not in _RUNS_WRITTEN:
+            _RUNS_WRITTEN.append(self.path.parent)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(record, allow_nan=False) + "\n"
+        start = self._file.tell()
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:
+            self._abandon(start)
+            raise write_failure(e, self.path, f"the log is kept whole up to step "
+                                f"{_last_step(self.path)}, and the run's last checkpoint "
+                                "resumes it once there is room") from None
+
+    def _abandon(self, size: int) -> None:
+        """Close the file without its unwritten buffer and cut it back to ``size`` bytes (a
+        record cut short by the failed write goes; shrinking a file needs no space)."""
+        with contextlib.suppress(OSError):
+            self._file.close()  # its flush fails again, but the descriptor is closed
+        with contextlib.suppress(OSError):
+            os.truncate(self.path, size)
 
     def tell(self) -> int:
         return self._file.tell()
 
     def close(self) -> None:
         self._file.close()
+
+
+#: the run folders whose metrics log this process opened (:func:`runs_written`)
+_RUNS_WRITTEN: list[Path] = []
+
+
+def runs_written() -> list[Path]:
+    """The run folders this process has trained into (opened a metrics log in), in order:
+    what an interrupted ``modbench train`` reports (``modbench.cli``)."""
+    return list(_RUNS_WRITTEN)
+
+
+def _last_step(path: Path) -> int:
+    """The step of the last whole record of a metrics log (0: none)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+        for line in reversed(f.read().decode(errors="replace").splitlines()):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                return int(json.loads(line)["step"])
+    return 0
+
+
+# ------------------------------------------------------------------ failed writes
+
+#: what each errno of a refused write means, in words
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file size limit was reached",
+    errno.EROFS: "the file system is read-only",
+    errno.EIO: "the storage reported an I/O error",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "the operation is not permitted",
+}
+#: below this many free bytes a failed write is put down to a full disk
+FULL_BELOW = 1 << 20
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged process may still write on the file system of ``path`` (or of
+    its nearest existing parent); None where that cannot be asked."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """An ``OSError`` whose errno says the storage refused a write (full, quota, size limit,
+    read-only, I/O error, permissions): what the command line reports in one line."""
+    return isinstance(error, OSError) and error.errno in _WRITE_ERRNOS
+
+
+def is_torch_write_error(error: BaseException) -> bool:
+    """The ``RuntimeError`` ``torch.save`` raises when its writes fail (a full disk gives
+    "[enforce fail at inline_container.cc] unexpected pos", or "file write failed"): no
+    errno, so :func:`write_problem` asks the file system instead."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        k in text for k in ("inline_container", "PytorchStreamWriter", "file write failed"))
+
+
+def write_problem(error: BaseException, path: Path, written: int | None = None) -> str:
+    """What stopped a write to ``path``, in words: from the errno of an ``OSError``; for
+    torch's errno-less ``RuntimeError``, from the free space left (below :data:`FULL_BELOW`:
+    the disk is full) or the process's file size limit (``written``: the bytes the file
+    reached)."""
+    free = free_bytes(path)
+    room = "" if free is None else f", {free / 1e6:.1f} MB free"
+    if isinstance(error, OSError):
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{_WRITE_ERRNOS[error.errno]} ({error.strerror}{room})"
+        if error.errno in _WRITE_ERRNOS:
+            return f"{_WRITE_ERRNOS[error.errno]} ({error.strerror})"
+        return f"the write failed ({error.strerror or error})"
+    if free is not None and free < FULL_BELOW:
+        return f"the disk is full (torch.save could not write{room})"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and written is not None and written >= limit - 65536:
+        return f"the file size limit was reached (ulimit -f: {limit} bytes)"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"the write failed (torch: {first[:100]}{room})"
+
+
+def write_failure(error: BaseException, path: Path, kept: str,
+                  written: int | None = None) -> ModbenchError:
+    """The one line for a write to ``path`` that failed: what failed (:func:`write_problem`),
+    where, and ``kept``: what is kept and how to go on."""
+    return ModbenchError(f"cannot write {path}: {write_problem(error, path, written)}; {kept}")
 
 
 def read_metrics(run: Path, upto: int | None = None) -> list[dict[str, Any]]:

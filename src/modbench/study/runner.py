@@ -16,7 +16,10 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import os
+import shlex
 import shutil
+import signal
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from modbench.study.cluster import (
 )
 from modbench.study.progress import StudyProgress, views_for
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
-from modbench.study.store import Store
+from modbench.study.store import Store, StoreWriteError
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,10 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
                 if "cannot resume these seeds together" not in str(e):
                     raise
                 return [r for m in group for r in _train_group(store, job, [m])]
+    except StoreWriteError:
+        raise  # the index cannot record anything: the study stops (run_study)
     except Exception as e:  # a crash must not stop the study: every member fails with it
-        msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
+        msg = _failure(e)
         for m in group:
             store.fail(m.key, msg)
         return [JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
@@ -206,10 +211,26 @@ def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
         _diagnose(m, summary, ev.get("diagnostics"))
         store.finish(m.key, summary, evaluation)
         return JobResult(m.key, m.label, outcome, summary["status"])
+    except StoreWriteError:
+        raise
     except Exception as e:
-        msg = str(e) if isinstance(e, ModbenchError) else traceback.format_exc()
+        msg = _failure(e)
         store.fail(m.key, msg)
         return JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
+
+
+def _failure(error: Exception) -> str:
+    """What a failed run records: a ``ModbenchError``'s line; a write the storage refused
+    (a full disk while writing the run's files) in one line; anything else its traceback."""
+    from modbench.runtime.runfolder import is_storage_error, write_failure
+
+    if isinstance(error, ModbenchError):
+        return str(error)
+    if is_storage_error(error):
+        where = Path(str(getattr(error, "filename", None) or "a file of the run"))
+        return str(write_failure(error, where, "the run's last checkpoint is kept; free some "
+                                 "space and run `modbench study run` again to resume it"))
+    return traceback.format_exc()
 
 
 def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None) -> None:
@@ -310,6 +331,8 @@ class LocalExecutor:
                             pass  # it died while sending: handled below
                         else:
                             w.job = None
+                            if isinstance(results, _IndexFailed):  # the study stops
+                                raise ModbenchError(results.message)
                             yield results
                             continue
                     if w.process.sentinel in ready or w.conn in ready:
@@ -317,6 +340,9 @@ class LocalExecutor:
                         lost = w.close()
                         if lost is not None:
                             yield from _requeue(lost, deaths, queue)
+        except KeyboardInterrupt:  # Ctrl-C: every worker stops where it is, then ends
+            _interrupt(pool)
+            raise
         except BaseException:
             for w in pool:
                 w.process.terminate()
@@ -324,6 +350,32 @@ class LocalExecutor:
         finally:
             for w in pool:
                 w.close()
+
+
+#: seconds an interrupted worker gets to stop (close its files, release its run folder) and
+#: exit on its own before it is terminated
+STOP_WAIT_S = 60.0
+
+
+def _interrupt(pool: list[_Worker]) -> None:
+    """Ctrl-C reached the study: pass it on to every worker (a terminal's Ctrl-C reached
+    them already; a second is ignored, :func:`_interrupt_once`), so each stops its run where
+    it is (the run keeps its last checkpoint) and exits on its own, its finalizers run;
+    terminated instead (SIGTERM, the pre-emption path that saves a step) they would leave the
+    resource tracker warning of leaked semaphores, and each would print its own line."""
+    for w in pool:
+        if w.process.is_alive() and w.process.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(w.process.pid, signal.SIGINT)
+    for w in pool:
+        w.process.join(STOP_WAIT_S)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """A worker's SIGINT handler: the first stops the job (``KeyboardInterrupt``), later ones
+    (the terminal's and the parent's both arrive) are ignored while it winds down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
@@ -353,11 +405,24 @@ def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
                                  "memory); run `modbench study run` again to retry it")
 
 
+@dataclass(frozen=True)
+class _IndexFailed:
+    """A worker's answer when the study's index cannot be written (:class:`StoreWriteError`):
+    its one line, for the parent to stop the study with."""
+
+    message: str
+
+
 def _worker_main(conn: Any) -> None:
     """A worker process: run the jobs that arrive on ``conn`` until it sends None."""
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         while (job := conn.recv()) is not None:
-            conn.send(execute_job(job))
+            try:
+                conn.send(execute_job(job))
+            except StoreWriteError as e:  # one line to the parent, no traceback here
+                conn.send(_IndexFailed(str(e)))
+                return
     except (EOFError, KeyboardInterrupt):  # the parent is gone, or Ctrl-C reached us too
         pass
 
@@ -614,3 +679,31 @@ def group_rows(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
         k = r["status"] if r["state"] == "done" else r["state"]
         counts[k] = counts.get(k, 0) + 1
     return counts
+
+
+def interrupted_line(spec: str | None, out: str | Path | None) -> str:
+    """The one line an interrupted ``modbench study run SPEC --out OUT`` prints (Ctrl-C, from
+    the command line): how many runs are finished and kept, how many will resume from their
+    last checkpoint, and the command that goes on."""
+    from modbench.runtime.runfolder import CHECKPOINT
+    from modbench.study.store import INDEX
+
+    again = " ".join(["modbench study run", *([shlex.quote(spec)] if spec else []),
+                      *(["--out", shlex.quote(str(out))] if out is not None else [])])
+    try:
+        from modbench.study.spec import load_spec
+
+        folder = Path(out) if out is not None else Path("studies") / load_spec(spec).name
+        if not (folder / INDEX).is_file():
+            return f"interrupted before any run started: nothing was saved; `{again}` starts it"
+        store = Store(folder)
+        rows = store.rows()
+    except Exception:
+        return f"interrupted; `{again}` goes on where it stopped"
+    done = sum(r["state"] == "done" for r in rows)
+    cut = sum(r["state"] != "done" and (store.run_dir(r["key"]) / CHECKPOINT).is_file()
+              for r in rows)
+    return (f"interrupted: {done} of {len(rows)} runs finished and kept in {folder}"
+            + (f", {cut} more resume{'s' if cut == 1 else ''} from the last checkpoint"
+               f"{'' if cut == 1 else 's'}" if cut else "")
+            + f"; `{again}` goes on where it stopped")

@@ -37,6 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from modbench.errors import ModbenchError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     key TEXT PRIMARY KEY,
@@ -59,11 +61,47 @@ CREATE TABLE IF NOT EXISTS runs (
 INDEX = "index.sqlite"
 
 
+class StoreWriteError(ModbenchError):
+    """The study's index could not be written (a full disk, an I/O error, a read-only file
+    system): the study stops with this one line. Nothing finished is lost: the run folders
+    hold every finished run, and the index, which SQLite left as it was, is a cache of them."""
+
+    def __init__(self, root: Path, problem: str) -> None:
+        super().__init__(f"cannot write the study index {root / INDEX}: {problem}; the index "
+                         f"is kept as it was and every finished run is kept in {root / 'runs'}; "
+                         "free some space and run `modbench study run` again to go on")
+
+
+#: SQLite's primary result codes of a write the storage refused, in words
+_SQLITE_WRITE_FAILURES = {
+    "SQLITE_FULL": "the disk is full (SQLite: database or disk is full)",
+    "SQLITE_IOERR": "disk I/O error (a full disk, or failing storage)",
+    "SQLITE_READONLY": "the index is read-only",
+    "SQLITE_CANTOPEN": "the index cannot be opened for writing",
+}
+
+
+def _write_problem(error: sqlite3.OperationalError) -> str | None:
+    """What an ``OperationalError`` says about the storage, in words; None for any other
+    (a busy timeout, a bad statement)."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    for code, words in _SQLITE_WRITE_FAILURES.items():
+        if name == code or name.startswith(code + "_"):
+            return words
+    text = str(error)
+    if "disk is full" in text or "disk I/O error" in text:  # Python built without the codes
+        return f"{text} (a full disk, or failing storage)"
+    return None
+
+
 class Store:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "runs").mkdir(exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / "runs").mkdir(exist_ok=True)
+        except OSError as e:
+            raise StoreWriteError(self.root, e.strerror or str(e)) from None
         with _index_lock(self.root):
             damage = index_damage(self.root / INDEX)
             if damage is not None:
@@ -88,14 +126,23 @@ class Store:
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+        """A connection to the index; a write the storage refuses (SQLite's "database or disk
+        is full", "disk I/O error", read-only) is a :class:`StoreWriteError` of one line (the
+        statement rolled back: the index stays as it was)."""
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=60000")
-            db.row_factory = sqlite3.Row
-            yield db
-        finally:
-            db.close()
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA busy_timeout=60000")
+                db.row_factory = sqlite3.Row
+                yield db
+            finally:
+                db.close()
+        except sqlite3.OperationalError as e:
+            problem = _write_problem(e)
+            if problem is None:
+                raise
+            raise StoreWriteError(self.root, problem) from None
 
     def run_dir(self, key: str) -> Path:
         return self.root / "runs" / key
