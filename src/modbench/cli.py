@@ -554,6 +554,8 @@ def run_cli(argv: list[str]) -> int:
     runs, 2 a usage or input error (one line on stderr), 3 a diverged or stalled single run,
     130 interrupted."""
     exit_types, usage_types, abort_types = _click_exceptions()
+    interrupts: list[int] = []  # Ctrl-C seen: typer turns it into exit 130 and says nothing
+    restore = _note_interrupts(interrupts)
     try:
         command = typer.main.get_command(app)
         tidy_help(command, escape_markup=app.rich_markup_mode == "rich")
@@ -562,6 +564,18 @@ def run_cli(argv: list[str]) -> int:
         code = command.main(args=argv, prog_name="modbench", standalone_mode=False)
     except ModbenchError as e:
         typer.echo(f"error: {_one_line(str(e))}", err=True)
+        return EXIT_USAGE
+    except OSError as e:  # a write the storage refused, where no command said it in words
+        from pathlib import Path
+
+        from modbench.runtime.runfolder import is_storage_error, write_problem
+
+        if not is_storage_error(e):
+            raise
+        where = e.filename or "a file"
+        typer.echo(f"error: cannot write {where}: {write_problem(e, Path(str(where)))}; files "
+                   "written before it are kept whole (each is replaced at once or not at all)",
+                   err=True)
         return EXIT_USAGE
     except exit_types as e:
         return int(e.exit_code)  # type: ignore[attr-defined]
@@ -577,9 +591,86 @@ def run_cli(argv: list[str]) -> int:
         typer.echo("aborted", err=True)
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
+        interrupts.append(0)
+        code = EXIT_INTERRUPTED
+    finally:
+        restore()
+    if interrupts and code == EXIT_INTERRUPTED:
+        typer.echo(interrupted_line(argv), err=True)
         return EXIT_INTERRUPTED
     return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK
+
+
+def _note_interrupts(seen: list[int]) -> Any:
+    """Note each SIGINT in ``seen`` and raise ``KeyboardInterrupt`` as Python would; returns
+    the function that puts the previous handler back. Nothing changes where SIGINT is not
+    Python's default handler (ignored in a background job, or a caller's own)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return lambda: None
+
+    def handle(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handle)
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
+def interrupted_line(argv: list[str]) -> str:
+    """The one line an interrupted command prints: for `modbench train` the step of the last
+    checkpoint (or that nothing was saved) and the command that resumes; for `modbench study
+    run` the runs kept and the command that goes on; else "interrupted"."""
+    import shlex
+    from pathlib import Path
+
+    try:
+        names, params = _parsed(argv)
+        if names == ["train"]:
+            from modbench.runtime.checkpoint import interrupted_run_line
+            from modbench.runtime.runfolder import runs_written
+
+            out, seeds = params.get("out"), params.get("seeds")
+            folders = runs_written()
+            if not folders and out is not None:  # --nproc: the group's processes wrote
+                folders = ([Path(out) / f"s{s.strip()}" for s in seeds.split(",") if s.strip()]
+                           if seeds else [Path(out)])
+                folders = [f for f in folders if (f / "config.yaml").is_file()]
+            if out is None and folders:
+                out = folders[0] if len(folders) == 1 else folders[0].parent
+            resume = " ".join(["modbench train", "--out", shlex.quote(str(out)),
+                               *(["--seeds", shlex.quote(seeds)] if seeds else []),
+                               *(["--nproc", str(params["nproc"])] if params.get("nproc")
+                                 else []), "--resume"])
+            return interrupted_run_line(folders, resume)
+        if names == ["study", "run"]:
+            from modbench.study.runner import interrupted_line as study_line
+
+            return study_line(params.get("spec"), params.get("out"))
+    except Exception:  # the line is a courtesy: never a traceback of its own
+        pass
+    return "interrupted"
+
+
+def _parsed(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The (sub)command names and parameters ``argv`` gives, parsed as click would (nothing
+    run, no errors raised)."""
+    command: Any = typer.main.get_command(app)
+    ctx = command.make_context("modbench", list(argv), resilient_parsing=True)
+    names: list[str] = []
+    while hasattr(command, "resolve_command"):
+        args = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+        if not args:
+            break
+        name, command, rest = command.resolve_command(ctx, args)
+        names.append(name)
+        ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=True)
+    return names, dict(ctx.params)
 
 
 # ------------------------------------------------------------------------------ listings
