@@ -183,7 +183,8 @@ def _claim(claim: ClaimCheck, blocks: list[Block]) -> None:
     for r in claim.rows:
         expected = " or ".join(r.expected)
         items.append(f"`{r.method}` at {r.scale}: measured **{r.verdict}**, the claim predicts "
-                     f"{expected}: {_OUTCOME_WORDS[r.outcome]}.")
+                     f"{expected}: {_OUTCOME_WORDS[r.outcome]}"
+                     f"{f' ({r.why})' if getattr(r, 'why', '') else ''}.")
     blocks.append(Block("ul", items=items))
 
 
