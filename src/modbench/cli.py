@@ -556,6 +556,8 @@ def run_cli(argv: list[str]) -> int:
     exit_types, usage_types, abort_types = _click_exceptions()
     interrupts: list[int] = []  # Ctrl-C seen: typer turns it into exit 130 and says nothing
     restore = _note_interrupts(interrupts)
+    runfolder = sys.modules.get("modbench.runtime.runfolder")  # (not imported here: torch)
+    mark = runfolder.runs_mark() if runfolder is not None else 0  # this command's runs follow
     try:
         command = typer.main.get_command(app)
         tidy_help(command, escape_markup=app.rich_markup_mode == "rich")
@@ -596,7 +598,7 @@ def run_cli(argv: list[str]) -> int:
     finally:
         restore()
     if interrupts and code == EXIT_INTERRUPTED:
-        typer.echo(interrupted_line(argv), err=True)
+        typer.echo(interrupted_line(argv, mark), err=True)
         return EXIT_INTERRUPTED
     return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK
 
@@ -622,10 +624,11 @@ def _note_interrupts(seen: list[int]) -> Any:
     return lambda: signal.signal(signal.SIGINT, previous)
 
 
-def interrupted_line(argv: list[str]) -> str:
+def interrupted_line(argv: list[str], mark: int = 0) -> str:
     """The one line an interrupted command prints: for `modbench train` the step of the last
-    checkpoint (or that nothing was saved) and the command that resumes; for `modbench study
-    run` the runs kept and the command that goes on; else "interrupted"."""
+    checkpoint (or that nothing was saved) and the command that resumes (its run folders: those
+    this process opened after ``mark``, modbench.runtime.runfolder.runs_mark); for `modbench
+    study run` the runs kept and the command that goes on; else "interrupted"."""
     import shlex
     from pathlib import Path
 
@@ -636,7 +639,7 @@ def interrupted_line(argv: list[str]) -> str:
             from modbench.runtime.runfolder import runs_written
 
             out, seeds = params.get("out"), params.get("seeds")
-            folders = runs_written()
+            folders = runs_written(mark)
             if not folders and out is not None:  # --nproc: the group's processes wrote
                 folders = ([Path(out) / f"s{s.strip()}" for s in seeds.split(",") if s.strip()]
                            if seeds else [Path(out)])

@@ -64,8 +64,7 @@ class MetricsLog:
             with open(path, "r+b") as f:
                 f.truncate(truncate_at)
         self._file: IO[str] = open(path, "a")  # noqa: SIM115 - closed by close()
-        if self.path.parent not in _RUNS_WRITTEN:
-            _RUNS_WRITTEN.append(self.path.parent)
+        _RUNS_WRITTEN.append(self.path.parent)
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, allow_nan=False) + "\n"
@@ -98,10 +97,17 @@ class MetricsLog:
 _RUNS_WRITTEN: list[Path] = []
 
 
-def runs_written() -> list[Path]:
-    """The run folders this process has trained into (opened a metrics log in), in order:
-    what an interrupted ``modbench train`` reports (``modbench.cli``)."""
-    return list(_RUNS_WRITTEN)
+def runs_written(since: int = 0) -> list[Path]:
+    """The run folders this process has trained into (opened a metrics log in), in order,
+    each once; ``since``: only those opened after the first ``since`` openings
+    (:func:`runs_mark`). What an interrupted ``modbench train`` reports (``modbench.cli``)."""
+    return list(dict.fromkeys(_RUNS_WRITTEN[since:]))
+
+
+def runs_mark() -> int:
+    """The count of metrics logs opened so far: :func:`runs_written`'s ``since`` for what a
+    command about to start opens."""
+    return len(_RUNS_WRITTEN)
 
 
 def _last_step(path: Path) -> int:

@@ -340,8 +340,8 @@ class LocalExecutor:
                         lost = w.close()
                         if lost is not None:
                             yield from _requeue(lost, deaths, queue)
-        except KeyboardInterrupt:  # Ctrl-C: every worker stops where it is, then ends
-            _interrupt(pool)
+        except (KeyboardInterrupt, ModbenchError):  # Ctrl-C, or the index cannot be
+            _interrupt(pool)  # written: every worker stops where it is, then ends
             raise
         except BaseException:
             for w in pool:
@@ -358,9 +358,10 @@ STOP_WAIT_S = 60.0
 
 
 def _interrupt(pool: list[_Worker]) -> None:
-    """Ctrl-C reached the study: pass it on to every worker (a terminal's Ctrl-C reached
-    them already; a second is ignored, :func:`_interrupt_once`), so each stops its run where
-    it is (the run keeps its last checkpoint) and exits on its own, its finalizers run;
+    """Ctrl-C reached the study (or the study stops on an index it cannot write): pass it on
+    to every worker (a terminal's Ctrl-C reached them already; a second is ignored,
+    :func:`_interrupt_once`), so each stops its run where it is (the run keeps its last
+    checkpoint) and exits on its own, its finalizers run;
     terminated instead (SIGTERM, the pre-emption path that saves a step) they would leave the
     resource tracker warning of leaked semaphores, and each would print its own line."""
     for w in pool:
