@@ -312,3 +312,25 @@ def test_train_cli_past_a_file_size_limit_one_line_nothing_half_written(tmp_path
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("kind") == "train"] == [1, 2]
     assert not (run / "summary.json").exists()
+
+
+def test_a_refused_write_no_writer_words_is_one_line_at_the_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``config.yaml`` of a fresh run on a full disk (the trainer's own atomic write): the
+    command line's net turns the ``OSError`` into one line, and the fresh folder is gone."""
+    import modbench.train.trainer as trainer
+
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(trainer, "atomic_write_text", full)
+    run = tmp_path / "R"
+    code = run_cli(["train", "--preset", "tiny", "--steps", "2", "--no-progress",
+                    "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: cannot write {run / 'config.yaml'}: the disk is full")
+    assert not run.exists()
