@@ -29,7 +29,7 @@ from modbench.errors import ModbenchError, suggest
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")  # train.fsdp_param_dtype
-COMPILE = ("auto", True, False)  # train.compile
+COMPILE = ("auto", True, False, "blocks")  # train.compile
 _EVERY_K = re.compile(r"every:[1-9][0-9]*")  # train.activation_checkpointing=every:K
 TRACKERS = ("wandb", "tensorboard")  # train.trackers (modbench.train.trackers)
 
@@ -245,7 +245,9 @@ class TrainConfig:
     log_every: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # torch.compile the step's forward: auto (compiled on CUDA, eager on the CPU, falling back
-    # to eager with a warning where compilation fails), true or false
+    # to eager with a warning where compilation fails), true or false; blocks: each decoder
+    # block compiled on its own (one graph per block, reused by every layer of the same code;
+    # shorter compilation for deep models, and the unit FSDP2 shards)
     compile: bool | str = "auto"
     threads: int = 0  # torch intra-op threads on CPU; 0 leaves torch's default
     # Initial weights for a fresh start (ignored on --resume): a run folder or a checkpoint
@@ -321,7 +323,7 @@ class TrainConfig:
                                 f"{self.eval_probes}")
         if self.compile not in COMPILE or (self.compile in (0, 1)
                                            and not isinstance(self.compile, bool)):
-            raise ModbenchError(f"train.compile must be auto, true or false, got "
+            raise ModbenchError(f"train.compile must be auto, true, false or blocks, got "
                                 f"{self.compile!r}")
         if isinstance(self.dist_timeout, bool) or not (
                 isinstance(self.dist_timeout, int | float) and 0 < self.dist_timeout < 1e9):

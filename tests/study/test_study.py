@@ -76,6 +76,7 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         # train.seq_len = model.max_seq_len here: no second length to key (issue 18)
         assert before["model"].pop("train_seq_len") is None
         assert before["train"].pop("parallel") == "ddp"
+        assert before["train"].pop("fsdp_param_dtype") == "auto"  # issue 28
         assert before["train"].pop("activation_checkpointing") is False
         assert before["train"].pop("trackers") == []  # an execution key: never in the hash
         assert before["train"]["compile"] == "auto"  # an execution key: hashed as it was

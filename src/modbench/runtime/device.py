@@ -36,7 +36,8 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractC
 def compiles(setting: bool | str, device: torch.device) -> bool:
     """Whether ``train.compile`` = ``setting`` compiles the step on ``device``: ``true``
     anywhere, ``auto`` on CUDA only (:func:`compiled`)."""
-    return setting is True or (setting == "auto" and device.type == "cuda")
+    return setting is True or setting == "blocks" or (setting == "auto"
+                                                       and device.type == "cuda")
 
 
 def compiled(fn: Callable[..., Any], setting: bool | str,
@@ -50,6 +51,22 @@ def compiled(fn: Callable[..., Any], setting: bool | str,
     rounding; tests/test_cuda.py), so a run is not lost to it. Under ``true`` it fails."""
     if not compiles(setting, device):
         return fn
+    if setting == "blocks":
+        target = getattr(fn, "module", fn)  # DDP's wrapped model
+        blocks = getattr(target, "blocks", None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+            # Dynamo keeps a few graphs per code object (recompile_limit, 8) and runs the
+            # rest eagerly without a word; every block shares Block.forward's code, and a
+            # block's layer index is a constant of its graph, so each block needs its own,
+            # twice: training, and validation (eval mode, no gradients)
+            dynamo, need = torch._dynamo.config, 2 * len(blocks) + 8
+            for name in ("recompile_limit", "cache_size_limit"):
+                if getattr(dynamo, name, None) is not None and getattr(dynamo, name) < need:
+                    setattr(dynamo, name, need)
+            for block in blocks:  # in place: the model (and FSDP2's hooks around it) stay
+                block.compile()
+            return fn
+        setting = True  # not a decoder (stacked seeds' function): compiled whole
     graph = torch.compile(fn)
     if setting is True:
         return graph
