@@ -82,10 +82,16 @@ def test_dry_path_sections_hold_what_they_measured(dry: dict[str, Any]) -> None:
     graphs = s["compile_graphs"]
     for label in ("plain", "activation_checkpointing"):
         assert graphs[label]["graph_count"] >= 1 and graphs[label]["graph_break_count"] >= 0
+    check = graphs["compile_check"]  # modbench bench --compile-check, both modes
+    assert check["status"] == "ok", check
+    assert [(r["method"], r["checkpointing"]) for r in check["rows"]] == [
+        ("baseline", False), ("baseline", True), ("softcap", False), ("softcap", True)]
+    assert all((r["graphs"], r["graph_breaks"]) == (1, 0) for r in check["rows"]), check
     units = s["fsdp_units"]
-    # one unit per attention core and per FFN core, then the root (train/distributed.py)
-    assert units["units"][0] == "<root>" and units["unit_count"] == 1 + 2 * units["n_layers"]
-    assert all(u.endswith((".attn.core", ".ffn.core")) for u in units["units"][1:])
+    # one unit per decoder block (issue 28) around the root; tiny ties its head, so the
+    # embedding stays in the root
+    assert units["units"] == ["<root>", *(f"blocks.{i}" for i in range(units["n_layers"]))]
+    assert units["unit_count"] == 1 + units["n_layers"]
     assert s["nccl_2proc"]["reason"]
 
 
