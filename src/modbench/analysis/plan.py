@@ -69,6 +69,7 @@ from modbench.errors import ModbenchError
 from modbench.methods.build import Plan, plan_run
 from modbench.model.transformer import Transformer
 from modbench.runtime import loss as loss_mod
+from modbench.runtime.device import bf16_forward
 from modbench.runtime.gpus import Accelerator
 
 #: The safety margin :func:`choose_micro_batch` leaves free: this fraction of the device's
@@ -491,7 +492,7 @@ def _context(cfg: RunConfig, device_type: str,
              checkpointing: Checkpointing | None) -> _Context:
     run, p = plan_run(cfg)
     prec = run.recipe.precision
-    bf16 = prec == "bf16" or (prec == "auto" and device_type == "cuda")
+    bf16 = bf16_forward(prec, device_type)
     if run.train.activation_checkpointing and checkpointing is None:
         raise ModbenchError("planning train.activation_checkpointing=true needs the "
                             "trainer's checkpointing (modbench plan and the trainer pass it)")

@@ -24,10 +24,16 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def bf16_forward(precision: str, device_type: str) -> bool:
+    """Whether the forward runs under bf16 autocast: ``recipe.precision=bf16``, or ``auto`` on
+    CUDA (the one rule the autocast, FSDP2's gathered dtype and the memory plan follow)."""
+    return precision == "bf16" or (precision == "auto" and device_type == "cuda")
+
+
 def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractContextManager[Any]]:
     """A factory of the forward's autocast context: bf16 for ``recipe.precision=bf16`` and for
     ``auto`` on CUDA, none (fp32) otherwise. Master weights stay in fp32 either way."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if bf16_forward(precision, device.type):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext
 

@@ -96,7 +96,7 @@ from modbench.runtime.checkpoint import (
     stop_on_signals,
     stop_requested,
 )
-from modbench.runtime.device import compiled, usable_cpus
+from modbench.runtime.device import bf16_forward, compiled, usable_cpus
 from modbench.runtime.loss import micro_loss
 from modbench.runtime.runfolder import SUMMARY
 from modbench.train.engine import StepValue
@@ -379,9 +379,9 @@ class DistributedEngine:
         after every micro-batch, so what accumulates is each process's fp32 gradient shard,
         never the whole model's unsharded gradients (more communication per step when there
         are micro-batches; the memory of one unit's unsharded gradient at a time)."""
-        if self.parallel == "fsdp":
+        if last or self.parallel == "fsdp":
             return contextlib.nullcontext()
-        return contextlib.nullcontext() if last else self.wrapped.no_sync()  # type: ignore
+        return self.wrapped.no_sync()  # type: ignore[operator]
 
     def clip_grad_norm(self, max_norm: float, members: Sequence[int]) -> list[StepValue]:
         """The global gradient norm before clipping (``max_norm <= 0``: none). DDP's
@@ -528,8 +528,7 @@ def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
 def fsdp_param_dtype(setting: str, precision: str, device: torch.device) -> torch.dtype:
     """The dtype FSDP2 gathers parameters in (``train.fsdp_param_dtype``): ``auto`` follows
     the forward's autocast (bf16 for ``recipe.precision=bf16`` and for ``auto`` on CUDA)."""
-    if setting == "bf16" or (setting == "auto" and (
-            precision == "bf16" or (precision == "auto" and device.type == "cuda"))):
+    if setting == "bf16" or (setting == "auto" and bf16_forward(precision, device.type)):
         return torch.bfloat16
     return torch.float32
 
