@@ -69,7 +69,7 @@ from modbench.errors import ModbenchError
 from modbench.methods.build import Plan, plan_run
 from modbench.model.transformer import Transformer
 from modbench.runtime import loss as loss_mod
-from modbench.runtime.device import bf16_forward
+from modbench.runtime.device import bf16_forward, fsdp_gathers_bf16
 from modbench.runtime.gpus import Accelerator
 
 #: The safety margin :func:`choose_micro_batch` leaves free: this fraction of the device's
@@ -528,9 +528,7 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
         # unsharded, in the dtype FSDP gathers in (train.fsdp_param_dtype): the root through
         # the forward, two units (running, prefetched); and one unit's full gradient, in fp32
         # for its reduce-scatter; less their own fp32 shards
-        setting = run.train.fsdp_param_dtype
-        half = setting == "bf16" or (setting == "auto" and ctx.bf16)
-        scale = 0.5 if half else 1.0
+        scale = 0.5 if fsdp_gathers_bf16(run.train.fsdp_param_dtype, ctx.bf16) else 1.0
         full = (math.ceil(scale * (ctx.units["root"] + 2 * biggest))
                 + max(biggest, ctx.units["root"]))
         gathered = max(0, full - math.ceil((ctx.units["root"] + 2 * biggest) / shard))

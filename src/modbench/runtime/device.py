@@ -30,6 +30,13 @@ def bf16_forward(precision: str, device_type: str) -> bool:
     return precision == "bf16" or (precision == "auto" and device_type == "cuda")
 
 
+def fsdp_gathers_bf16(setting: str, forward_bf16: bool) -> bool:
+    """Whether FSDP2 gathers parameters in bf16 (``train.fsdp_param_dtype``): ``bf16``, or
+    ``auto`` with a bf16 forward (:func:`bf16_forward`). The trainer and the memory plan both
+    ask this."""
+    return setting == "bf16" or (setting == "auto" and forward_bf16)
+
+
 def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractContextManager[Any]]:
     """A factory of the forward's autocast context: bf16 for ``recipe.precision=bf16`` and for
     ``auto`` on CUDA, none (fp32) otherwise. Master weights stay in fp32 either way."""

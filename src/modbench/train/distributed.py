@@ -96,7 +96,7 @@ from modbench.runtime.checkpoint import (
     stop_on_signals,
     stop_requested,
 )
-from modbench.runtime.device import bf16_forward, compiled, usable_cpus
+from modbench.runtime.device import bf16_forward, compiled, fsdp_gathers_bf16, usable_cpus
 from modbench.runtime.loss import micro_loss
 from modbench.runtime.runfolder import SUMMARY
 from modbench.train.engine import StepValue
@@ -528,7 +528,7 @@ def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
 def fsdp_param_dtype(setting: str, precision: str, device: torch.device) -> torch.dtype:
     """The dtype FSDP2 gathers parameters in (``train.fsdp_param_dtype``): ``auto`` follows
     the forward's autocast (bf16 for ``recipe.precision=bf16`` and for ``auto`` on CUDA)."""
-    if setting == "bf16" or (setting == "auto" and bf16_forward(precision, device.type)):
+    if fsdp_gathers_bf16(setting, bf16_forward(precision, device.type)):
         return torch.bfloat16
     return torch.float32
 
