@@ -57,8 +57,12 @@ Choices of our own (the source is silent or works at other scales):
 - FFN rounding divisor: ``ffn_divisor=8`` (``make_divisible``'s own default divisor); OpenELM
   uses 256 at d = 1280 .. 3072, which at this lab's widths (d = 64 .. 768) would round most
   layers to one size.
-- corenet first rounds each multiplier to two decimals (``round(v, 2)``); we do not (with
-  matching the multipliers are not round numbers anyway).
+- corenet first rounds each multiplier to two decimals (``round(v, 2)``, its ``GPTConfig``
+  ramps); ``round_multipliers=true`` does the same to the ramps before they are scaled and
+  rounded to whole heads and widths, which OpenELM's released shapes need (OpenELM-270M's
+  layer 5 has alpha 0.6667: unrounded it gets 12 query heads, rounded to 0.67 it gets 16 as
+  released, 271,527,168 parameters with ``qknorm`` and a tied head, ``match=false,
+  ffn_divisor=256``). Off by default (with matching the multipliers are not round numbers).
 - Query heads are rounded in whole GQA groups (corenet's divisor ``head_dim * num_gqa_groups``,
   where its ``num_gqa_groups`` is the group size); the baseline's group size g is kept.
 - OpenELM also uses QK-norm and a tied head; those are separate methods here (``qknorm``),
@@ -71,7 +75,8 @@ their ``extra_params`` formulas assume the baseline shape and are not exact in c
 Cannot be combined with a ``tie`` plan that shares differently shaped layers (refused).
 
 Syntax: ``layerwise_scaling``, ``layerwise_scaling(match=false)``,
-``layerwise_scaling(alpha_min=0.25,alpha_max=1.0,beta_min=1,beta_max=4)``.
+``layerwise_scaling(alpha_min=0.25,alpha_max=1.0,beta_min=1,beta_max=4)``,
+``qknorm+layerwise_scaling(match=false,ffn_divisor=256,round_multipliers=true)`` (OpenELM).
 """
 
 from __future__ import annotations
@@ -155,6 +160,7 @@ class LayerwiseScaling(Method):
         beta_max: float = 4.0  # ... of the last layer
         match: bool = True  # rescale both ranges to the baseline's attention / FFN parameters
         ffn_divisor: int = 8  # FFN widths are multiples of this (make_divisible)
+        round_multipliers: bool = False  # round each ramp value to 2 decimals, as corenet
 
     def _check(self) -> None:
         o = self.opts
@@ -173,6 +179,8 @@ class LayerwiseScaling(Method):
         o, n, d, dh = self.opts, cfg.n_layers, cfg.d_model, cfg.head_dim
         g = cfg.n_heads // cfg.n_kv_heads
         a0, b0 = ramp(o.alpha_min, o.alpha_max, n), ramp(o.beta_min, o.beta_max, n)
+        if o.round_multipliers:
+            a0, b0 = [round(a, 2) for a in a0], [round(b, 2) for b in b0]
 
         def heads(s: float) -> list[int]:
             return [make_divisible(s * a * d, dh * g) // dh for a in a0]
