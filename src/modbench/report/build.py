@@ -25,14 +25,11 @@ tokens per parameter.
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import io
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +44,11 @@ from modbench.analysis.results import (
 )
 from modbench.analysis.stats import CORRECTIONS, decision_threshold, spearman_across_scales
 from modbench.fsutil import atomic_write_text
+from modbench.report.blocks import Block
+from modbench.report.blocks import fmt as _fmt
+from modbench.report.blocks import to_html as _html
+from modbench.report.blocks import to_markdown as _markdown
+from modbench.report.diagnostics import study_diagnostics
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves, is_storage_error, write_failure
 
@@ -65,32 +67,6 @@ _TEST_NAMES = {"pooled": "pooled t", "prediction": "prediction", "welch": "Welch
                "none": "–"}
 #: The verdicts of a method with a failed seed (analysis.stats.Verdict): no test, no average.
 FAILED = ("diverged", "stalled")
-
-
-@dataclass
-class Block:
-    kind: str  # h1 | h2 | p | ul | table | img
-    text: str = ""
-    header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
-    path: Path | None = None
-    items: list[str] = field(default_factory=list)
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "–"
-        if math.isinf(v):
-            return "∞" if v > 0 else "−∞"
-        return f"{v:.{digits}g}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.{digits}f}"
-    return str(v)
 
 
 def write_report(results: StudyResults, out: Path) -> Path:
@@ -147,8 +123,6 @@ def _write_report(results: StudyResults, out: Path) -> Path:
     _cross_scale(rows, metric, blocks)
     _divergence(rows, blocks)
     _figures(rows, baseline, out, blocks)
-    from modbench.report.diagnostics import study_diagnostics  # it renders with Block
-
     blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files
@@ -610,65 +584,3 @@ def _write_csv(rows: list[RunRow], path: Path) -> None:
                     r.steps, r.steps_planned, r.tokens, r.diverged_at_step, r.stalled_at_step,
                     r.unigram_loss, r.climb_avg, *[r.tasks.get(t) for t in tasks]])
     atomic_write_text(path, buf.getvalue())
-
-
-def _markdown(blocks: list[Block], out: Path) -> str:
-    lines: list[str] = []
-    for b in blocks:
-        if b.kind == "h1":
-            lines += [f"# {b.text}", ""]
-        elif b.kind == "h2":
-            lines += [f"## {b.text}", ""]
-        elif b.kind == "p":
-            lines += [b.text, ""]
-        elif b.kind == "ul":
-            lines += [*(f"- {item}" for item in b.items), ""]
-        elif b.kind == "table":
-            lines.append("| " + " | ".join(b.header) + " |")
-            lines.append("|" + "---|" * len(b.header))
-            lines += ["| " + " | ".join(r) + " |" for r in b.rows]
-            lines.append("")
-        elif b.kind == "img" and b.path is not None:
-            lines += [f"![{b.text}]({b.path.relative_to(out)})", ""]
-    return "\n".join(lines)
-
-
-def _inline(text: str) -> str:
-    """Markdown's inline code (`x`) and bold (**x**) as HTML, the rest escaped."""
-    parts = html.escape(text).split("`")
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2:
-            out.append(f"<code>{part}</code>")
-        else:
-            bold = part.split("**")
-            out.append("".join(f"<b>{b}</b>" if j % 2 else b for j, b in enumerate(bold)))
-    return "".join(out)
-
-
-def _html(blocks: list[Block]) -> str:
-    body: list[str] = []
-    for b in blocks:
-        if b.kind in ("h1", "h2"):
-            body.append(f"<{b.kind}>{_inline(b.text)}</{b.kind}>")
-        elif b.kind == "p":
-            body.append(f"<p>{_inline(b.text)}</p>")
-        elif b.kind == "ul":
-            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
-        elif b.kind == "table":
-            head = "".join(f"<th>{_inline(h)}</th>" for h in b.header)
-            rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"
-                           for r in b.rows)
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-        elif b.kind == "img" and b.path is not None:
-            data = base64.b64encode(b.path.read_bytes()).decode()
-            body.append(f"<figure><img alt='{html.escape(b.text)}' "
-                        f"src='data:image/png;base64,{data}'><figcaption>{_inline(b.text)}"
-                        "</figcaption></figure>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
-             "padding:0 1em}table{border-collapse:collapse;margin:1em 0;font-size:13px}"
-             "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}"
-             "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
-             "img{max-width:100%}code{font-size:12px}")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>modbench report</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")

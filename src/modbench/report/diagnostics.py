@@ -24,6 +24,7 @@ from typing import Any
 
 from modbench.eval.diagnostics import DEFAULT_BATCHES, diagnose_run
 from modbench.fsutil import atomic_write_text
+from modbench.report.blocks import Block
 from modbench.report.plots import depth_plot
 
 DIAGNOSTICS_DIR = "diagnostics"  # RUN_DIR/diagnostics/, where a study keeps them too
@@ -245,13 +246,12 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return [_mean([p[i] if i < len(p) else None for p in profiles]) for i in range(n)]
 
 
-def study_diagnostics(rows: list[Any], baseline: str, out: Path) -> list[Any]:
+def study_diagnostics(rows: list[Any], baseline: str, out: Path) -> list[Block]:
     """The report's diagnostics section (report blocks; none when no run has diagnostics or
     per-layer logs): per scale, the per-method tables (mean over the seeds diagnosed), the
     depth profiles (one line per method, x axis the layer), and the per-layer training logs;
     and ``diagnostics.csv`` (one row per diagnosed run). ``rows``: the study's
     :class:`~modbench.analysis.results.RunRow` s; only finished runs that did not diverge."""
-    from modbench.report.build import Block
     from modbench.runtime.runfolder import read_metrics
 
     ok = [r for r in rows if r.state == "done" and r.status != "diverged"
