@@ -75,6 +75,7 @@ p NaN where scipy says 0, Spearman p NaN for n <= 2, ...). Two procedures stay o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -89,13 +90,16 @@ from scipy import stats as _sps
 
 __all__ = [
     "CORRECTIONS",
+    "DEFAULT_SPENDING",
     "HOMOGENEITY_ALPHA",
     "MDE_POWER",
     "MIN_SURVIVING_BASELINE",
     "RESOLUTION",
+    "SPENDING",
     "TESTS",
     "Adjusted",
     "BootstrapDifference",
+    "Look",
     "MethodResult",
     "MethodTest",
     "NoiseFloor",
@@ -108,6 +112,8 @@ __all__ = [
     "Verdict",
     "WelchResult",
     "adjust_pvalues",
+    "alpha_spent",
+    "baseline_target",
     "bootstrap_difference",
     "bootstrap_mean_ci",
     "compare",
@@ -115,6 +121,7 @@ __all__ = [
     "decision_threshold",
     "detectable_effect",
     "homogeneity",
+    "information_fraction",
     "method_test",
     "noise_floor",
     "normal_isf",
@@ -124,6 +131,9 @@ __all__ = [
     "pooled_std",
     "rankdata",
     "sample_std",
+    "sequential_alpha",
+    "sequential_look",
+    "sequential_verdicts",
     "spearman",
     "spearman_across_scales",
     "stouffer",
@@ -1349,4 +1359,204 @@ def compare(
                 homogeneity_p=hom_p,
             )
         )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Sequential seeds: alpha spent over looks (``modbench study run --until-decided N``)
+
+
+#: The alpha-spending functions :func:`alpha_spent` knows (Lan & DeMets 1983).
+SPENDING: tuple[str, ...] = ("obrien_fleming", "pocock")
+DEFAULT_SPENDING: Final = "obrien_fleming"
+
+
+def alpha_spent(t: float, alpha: float = 0.05, spending: str = DEFAULT_SPENDING) -> float:
+    """The alpha spent by information fraction ``t``: Lan & DeMets (1983), "Discrete sequential
+    boundaries for clinical trials", Biometrika 70:659–663, their O'Brien–Fleming-type
+    function ``2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))`` (``"obrien_fleming"``: next to nothing
+    early, most of alpha at the end) or Pocock-type ``alpha ln(1 + (e - 1) t)``
+    (``"pocock"``: evenly). 0 for t <= 0, alpha for t >= 1; nondecreasing in t."""
+    if spending not in SPENDING:
+        raise ValueError(f"spending must be one of {', '.join(SPENDING)}, not {spending!r}")
+    if not t > 0.0:
+        return 0.0
+    if t >= 1.0:
+        return alpha
+    if spending == "pocock":
+        return alpha * math.log(1.0 + (math.e - 1.0) * t)
+    return min(alpha, 2.0 * normal_sf(normal_isf(alpha / 2.0) / math.sqrt(t)))
+
+
+def information_fraction(n: int, n_baseline: int, cap: int) -> float:
+    """The information of a comparison of ``n`` seeds against ``n_baseline`` relative to its
+    most, ``cap`` against ``cap``: ``(2 / cap) / (1/n + 1/n_baseline)``, at most 1 (the inverse
+    variance of the difference of means, for one per-seed sigma)."""
+    if n < 1 or n_baseline < 1 or cap < 1:
+        return 0.0
+    return min(1.0, (2.0 / cap) / (1.0 / n + 1.0 / n_baseline))
+
+
+def baseline_target(n: int, m: int, cap: int) -> int:
+    """Baseline seeds for ``m`` open methods of ``n`` seeds: Dunnett's square-root allocation
+    ``ceil(n sqrt(m))`` (one control serves m comparisons; ``study plan --baseline-seeds
+    sqrt``), at most ``cap``."""
+    return min(cap, math.ceil(n * math.sqrt(max(1, m)) - 1e-9))
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential study at one scale: the seeds each group had, the information
+    fraction, the alpha its test used (``alpha``, spent at this look) and spent so far
+    (``alpha_spent``), the methods it decided (improver or degrader) and the seeds each group
+    gets before the next look (``add``; empty: this was the last look)."""
+
+    index: int
+    seeds: Mapping[str, int]
+    fraction: float
+    alpha: float
+    alpha_spent: float
+    decided: Mapping[str, str]
+    add: Mapping[str, int]
+    cap: int
+    spending: str = DEFAULT_SPENDING
+    note: str = ""
+
+    @property
+    def last(self) -> bool:
+        return not self.add
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(seeds=dict(self.seeds), decided=dict(self.decided), add=dict(self.add))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Look:
+        return cls(index=int(d["index"]), seeds=dict(d["seeds"]), fraction=float(d["fraction"]),
+                   alpha=float(d["alpha"]), alpha_spent=float(d["alpha_spent"]),
+                   decided=dict(d["decided"]), add=dict(d["add"]), cap=int(d["cap"]),
+                   spending=str(d.get("spending", DEFAULT_SPENDING)),
+                   note=str(d.get("note", "")))
+
+
+def sequential_look(
+    table: Mapping[str, Scores],
+    history: Sequence[Look] = (),
+    cap: int = 10,
+    *,
+    baseline: str = "baseline",
+    alpha: float = 0.05,
+    spending: str = DEFAULT_SPENDING,
+    **compare_kw: Any,
+) -> Look:
+    """The next look of a group-sequential study (``--until-decided cap``): test what the seeds
+    of ``table`` show at the alpha this look may spend, and say who gets seeds next.
+
+    * **Alpha over looks** (Lan & DeMets 1983, :func:`alpha_spent`): look k has the
+      information fraction ``t_k`` (:func:`information_fraction` of the open methods' seeds
+      against the baseline's, never below the previous look's) and tests with
+      ``alpha_k = alpha_spent(t_k) - alpha_spent(t_{k-1})``, the alpha spent at that look. The
+      looks' alphas add up to at most ``alpha``, so by the union bound over looks the
+      family-wise false-positive rate stays at most ``alpha`` however the looks' statistics
+      correlate (conservative: exact boundaries would use that correlation). When everything
+      open has ``cap`` seeds, t = 1 and the last look spends what is left.
+    * **The verdict's own test**: the look is :func:`compare` at ``alpha_k`` (Holm family,
+      pooled t or Welch, Fisher tests, |Δ| guard: ``compare_kw`` as the report passes them).
+      A method it calls improver or degrader is decided at this look and gets no more seeds.
+    * **Who gets seeds next**: the open methods, those not decided, without a failed seed
+      (a failure is a result) and below ``cap``. The baseline first: while it has fewer
+      seeds than :func:`baseline_target` of the open methods (Dunnett's square root), the
+      next look adds baseline seeds only; otherwise one seed to each open method and the
+      baseline up to the target for the new count. Without a noise floor (fewer than 2 finite
+      baseline seeds, or fewer than :data:`MIN_SURVIVING_BASELINE` with failed ones) nothing
+      is tested or spent and the baseline gets a seed.
+
+    Pure: the caller keeps the looks (``history``, oldest first) and adds the seeds.
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be at least 1, got {cap}")
+    if baseline not in table:
+        raise KeyError(f"baseline {baseline!r} is not in the table")
+    groups = {m: _group(s) for m, s in table.items()}
+    seeds = {m: len(g.values) if not g.whole_none else 1 for m, g in groups.items()}
+    decided_before = {m for look in history for m in look.decided}
+    prev_t = history[-1].fraction if history else 0.0
+    spent = history[-1].alpha_spent if history else 0.0
+    index = len(history) + 1
+    base = groups[baseline]
+
+    def look(t: float, a: float, decided: Mapping[str, str], add: Mapping[str, int],
+             note: str = "") -> Look:
+        return Look(index, seeds, t, a, spent + a, dict(decided), dict(add), cap, spending,
+                    note)
+
+    need = MIN_SURVIVING_BASELINE if base.n_diverged else 2
+    if base.n < need:
+        more = {baseline: 1} if seeds[baseline] < cap else {}
+        return look(prev_t, 0.0, {}, more, f"no noise floor ({base.n} finite baseline seeds)")
+    methods = [m for m in table if m != baseline]
+    candidates = [m for m in methods if m not in decided_before and groups[m].n > 0]
+    if not candidates:
+        return look(prev_t, 0.0, {}, {}, "nothing left to decide")
+    open_ = [m for m in candidates if groups[m].n_diverged == 0]
+    n = max(groups[m].n for m in (open_ or candidates))
+    t = max(prev_t, information_fraction(n, base.n, cap))
+    if all(groups[m].n >= cap for m in open_) and base.n >= cap:
+        t = 1.0
+    a = max(0.0, alpha_spent(t, alpha, spending) - alpha_spent(prev_t, alpha, spending))
+    decided: dict[str, str] = {}
+    if a > 0.0:
+        res = compare(table, baseline, alpha=a, **compare_kw)
+        decided = {r.method: str(r.verdict) for r in res if r.method in candidates
+                   and r.verdict in (Verdict.IMPROVER, Verdict.DEGRADER)}
+    still = [m for m in open_ if m not in decided and groups[m].n < cap]
+    add: dict[str, int] = {}
+    if still:
+        n_o = max(groups[m].n for m in still)
+        target = baseline_target(n_o, len(still), cap)
+        if base.n < target:  # the baseline first
+            add[baseline] = target - base.n
+        else:
+            add.update({m: 1 for m in still})
+            more = baseline_target(min(cap, n_o + 1), len(still), cap) - base.n
+            if more > 0:
+                add[baseline] = more
+    return look(t, a, decided, add)
+
+
+def sequential_alpha(looks: Sequence[Look], alpha: float = 0.05) -> float:
+    """The alpha a sequential study's final verdicts use: the alpha spent at its last look
+    that tested (``alpha`` when none did)."""
+    tested = [lk.alpha for lk in looks if lk.alpha > 0.0]
+    return tested[-1] if tested else alpha
+
+
+def sequential_verdicts(results: Sequence[MethodResult], looks: Sequence[Look]
+                        ) -> list[MethodResult]:
+    """A sequential study's verdicts: ``results`` (:func:`compare` of the final seeds at
+    :func:`sequential_alpha`) with each method decided at a look given that look's verdict
+    (the decision stands: its seeds stopped there), and an improver or degrader that no look
+    decided (seeds added after the last look) made ``within_noise``; each note says which."""
+    if not looks:
+        return list(results)
+    decided = {m: (lk, v) for lk in looks for m, v in lk.decided.items()}
+    k = len(looks)
+    out: list[MethodResult] = []
+    for r in results:
+        if r.is_baseline or r.verdict not in (Verdict.IMPROVER, Verdict.DEGRADER,
+                                              Verdict.WITHIN_NOISE, Verdict.UNDETERMINED):
+            out.append(r)
+            continue
+        note = [r.note] if r.note else []
+        verdict = r.verdict
+        if r.method in decided:
+            lk, v = decided[r.method]
+            verdict = Verdict(v)
+            note.append(f"sequential: decided {v} at look {lk.index} of {k} (α = "
+                        f"{lk.alpha:.2g} spent there, {lk.seeds.get(r.method, r.n)} seeds)")
+        elif r.verdict in (Verdict.IMPROVER, Verdict.DEGRADER):
+            verdict = Verdict.WITHIN_NOISE
+            note.append("sequential: no look decided it (seeds added after the last look)")
+        out.append(dataclasses.replace(r, verdict=verdict, note="; ".join(note)))
     return out
