@@ -35,7 +35,7 @@ from modbench.study.cluster import (
     one_line,
     require,
 )
-from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
+from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
 
 #: the thread-count variables a Ray task sets (not defaults: Ray sets OMP_NUM_THREADS itself)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -4,9 +4,11 @@ Executors take a list of :class:`Job` and yield results as jobs finish. ``local`
 in this process (``workers=1``) or in a pool of worker processes, each claiming runs in the
 store's index so no run is trained twice. The cluster executors, ``ray``
 (:mod:`modbench.study.ray_executor`) and ``slurm`` (:mod:`modbench.study.slurm_executor`,
-through submitit), ship :func:`execute_job` and a :class:`Job` to a worker and return its
-result: the store's atomic claims make them safe to run side by side, and a job's *lease*
-lets a retried or requeued attempt take over the claims its dead predecessor left.
+through submitit), ship :func:`~modbench.study.jobs.execute_job` and a
+:class:`~modbench.study.jobs.Job` (both in :mod:`modbench.study.jobs`, below every executor,
+and re-exported here) to a worker and return its result: the store's atomic claims make
+them safe to run side by side, and a job's *lease* lets a retried or requeued attempt take
+over the claims its dead predecessor left.
 """
 
 from __future__ import annotations
@@ -20,16 +22,14 @@ import os
 import shlex
 import shutil
 import signal
-import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
-from modbench.config import from_dict
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
 from modbench.study.cluster import (
@@ -39,225 +39,16 @@ from modbench.study.cluster import (
     nproc_for,
     require,
 )
+from modbench.study.jobs import (  # re-exported: the job code lives in study/jobs.py
+    Executor,
+    Job,
+    JobResult,
+    execute_job,
+    lost_job_results,
+)
 from modbench.study.progress import StudyProgress, views_for
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store, StoreWriteError
-
-
-@dataclass(frozen=True)
-class Job:
-    """One run, or several seeds of one configuration to train stacked in one process."""
-
-    root: str
-    keys: tuple[str, ...]
-    labels: tuple[str, ...]
-    configs: tuple[dict[str, Any], ...]
-    evaluation: dict[str, Any]
-    threads: int = 0
-    # processes per run: > 1 trains each run as one torchrun group on that many GPUs of one
-    # node (modbench.train.distributed.launch); such jobs hold one run each
-    nproc: int = 1
-    # the token every attempt of this job claims its runs under (cluster executors: a Ray
-    # retry or a SLURM requeue takes over what the dead attempt held); None: local claims
-    lease: str | None = None
-
-
-@dataclass
-class JobResult:
-    key: str
-    label: str
-    outcome: str  # trained | skipped | failed | busy
-    status: str | None = None  # completed | diverged
-    error: str | None = None
-
-
-@dataclass
-class _Member:
-    key: str
-    label: str
-    config: dict[str, Any]
-    run: Path
-
-
-def execute_job(job: Job) -> list[JobResult]:
-    """Train (or resume) the job's runs, evaluate them, and record them in the store's index.
-
-    Several runs (seeds of one configuration) train stacked in one process; members that are
-    done are skipped, members another worker holds are left to it, and members whose folders
-    hold checkpoints resume (stacked when their checkpoints are at one step, else one by one).
-    """
-    if job.threads:
-        import torch
-
-        torch.set_num_threads(job.threads)
-    store = Store(job.root)
-    results, todo = [], []
-    for key, label, config in zip(job.keys, job.labels, job.configs, strict=True):
-        if store.claim(key, lease=job.lease):
-            todo.append(_Member(key, label, config, store.run_dir(key)))
-        else:
-            results.append(JobResult(key, label, "busy"))
-    done = [m for m in todo if (m.run / "summary.json").is_file()]
-    results += [_finish(store, job, m, json.loads((m.run / "summary.json").read_text()),
-                        "skipped") for m in done]
-    todo = [m for m in todo if m not in done]
-    for group in _resumable_groups(todo):
-        results += _train_group(store, job, group)
-    return results
-
-
-def _resumable_groups(members: list[_Member]) -> list[list[_Member]]:
-    """Fresh members in one group, members with a checkpoint in another (a folder cut
-    before its first checkpoint starts again)."""
-    from modbench.runtime.runfolder import CHECKPOINT
-
-    fresh, resume = [], []
-    for m in members:
-        if (m.run / CHECKPOINT).is_file():
-            resume.append(m)
-        else:
-            if m.run.exists():
-                shutil.rmtree(m.run)
-            fresh.append(m)
-    return [g for g in (fresh, resume) if g]
-
-
-def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult]:
-    from modbench.runtime.runfolder import CHECKPOINT
-    from modbench.train.trainer import train, train_seeds
-
-    if job.nproc > 1 and len(group) > 1:  # a torchrun group trains one run
-        return [r for m in group for r in _train_group(store, job, [m])]
-    resume = (group[0].run / CHECKPOINT).is_file()
-    try:
-        if len(group) == 1:
-            m = group[0]
-            if job.nproc > 1:
-                summaries = [_launch(from_dict(m.config), m.run, job.nproc, resume)]
-            else:
-                summaries = [train(from_dict(m.config), m.run, resume=resume, progress=False)]
-        else:
-            cfg = from_dict(group[0].config)
-            seeds = [int(m.config["seed"]) for m in group]
-            try:
-                summaries = train_seeds(cfg, seeds, [m.run for m in group], resume=resume,
-                                        progress=False)
-            except ModbenchError as e:
-                if "cannot resume these seeds together" not in str(e):
-                    raise
-                return [r for m in group for r in _train_group(store, job, [m])]
-    except StoreWriteError:
-        raise  # the index cannot record anything: the study stops (run_study)
-    except Exception as e:  # a crash must not stop the study: every member fails with it
-        msg = _failure(e)
-        for m in group:
-            store.fail(m.key, msg)
-        return [JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
-                for m in group]
-    return [_finish(store, job, m, s, "trained") for m, s in zip(group, summaries, strict=True)]
-
-
-def _launch(cfg: Any, run: Path, nproc: int, resume: bool) -> dict[str, Any]:
-    """One run as a torchrun group of ``nproc`` processes on this node's GPUs."""
-    try:
-        from modbench.train.distributed import launch
-    except ImportError as e:
-        raise ModbenchError(f"a run on {nproc} GPUs needs modbench.train.distributed, which "
-                            "this installation of modbench lacks; update it, or train with "
-                            "--gpus-per-run 1") from e
-    summary: dict[str, Any] = launch(cfg, run, nproc, resume=resume, progress=False)
-    return summary
-
-
-def lost_job_results(job: Job, reason: str) -> list[JobResult]:
-    """The results of a job that is gone for good (its Ray task out of retries, its SLURM job
-    failed or cancelled): runs it finished count as trained, runs still pending or held under
-    its lease are recorded as failed with ``reason`` (the next ``study run`` retries them),
-    runs another worker holds are left to it."""
-    store = Store(job.root)
-    out: list[JobResult] = []
-    for key, label in zip(job.keys, job.labels, strict=True):
-        if store.fail_lost(key, job.lease, reason):
-            out.append(JobResult(key, label, "failed", error=reason))
-            continue
-        row = next((r for r in store.rows() if r["key"] == key), None)
-        if row is not None and row["state"] == "done":
-            out.append(JobResult(key, label, "trained", row["status"]))
-        else:
-            out.append(JobResult(key, label, "busy"))
-    return out
-
-
-def _finish(store: Store, job: Job, m: _Member, summary: dict[str, Any],
-            outcome: str) -> JobResult:
-    """Evaluate a trained run (when the study asks and it completed), diagnose it (when the
-    study asks), and record it."""
-    from modbench.eval.run import evaluate_run
-
-    try:
-        evaluation = None
-        ev = job.evaluation
-        if summary["status"] == "completed" and (ev.get("probes") or ev.get("tasks")):
-            eval_file = m.run / "eval.json"
-            if eval_file.is_file():
-                evaluation = json.loads(eval_file.read_text())
-            else:
-                from modbench.eval.harness import trusting_task_code
-
-                with trusting_task_code(ev.get("trust_task_code") is True):
-                    evaluation = evaluate_run(m.run, probes=bool(ev.get("probes")),
-                                              tasks=list(ev.get("tasks") or []) or None,
-                                              limit=ev.get("limit"), progress=False)
-        _diagnose(m, summary, ev.get("diagnostics"))
-        store.finish(m.key, summary, evaluation)
-        return JobResult(m.key, m.label, outcome, summary["status"])
-    except StoreWriteError:
-        raise
-    except Exception as e:
-        msg = _failure(e)
-        store.fail(m.key, msg)
-        return JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
-
-
-def _failure(error: Exception) -> str:
-    """What a failed run records: a ``ModbenchError``'s line; a write the storage refused
-    (a full disk while writing the run's files) in one line; anything else its traceback."""
-    from modbench.runtime.runfolder import is_storage_error, write_failure
-
-    if isinstance(error, ModbenchError):
-        return str(error)
-    if is_storage_error(error):
-        where = Path(str(getattr(error, "filename", None) or "a file of the run"))
-        return str(write_failure(error, where, "the run's last checkpoint is kept; free some "
-                                 "space and run `modbench study run` again to resume it"))
-    return traceback.format_exc()
-
-
-def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None) -> None:
-    """``evaluation.diagnostics``: ``modbench diagnose`` a run that did not diverge (a
-    stalled one too: its layers show why), if its seed is one the spec names; the JSON only,
-    into ``RUN/diagnostics/`` (the report draws the figures across runs); a run that has it
-    already keeps it."""
-    if not asked or summary["status"] == "diverged":
-        return
-    if asked.get("seeds") is not None and int(m.config["seed"]) not in asked["seeds"]:
-        return
-    from modbench.report.diagnostics import DIAGNOSTICS_JSON, diagnose
-
-    if not (m.run / "diagnostics" / DIAGNOSTICS_JSON).is_file():
-        diagnose(m.run, batches=int(asked.get("batches") or 1), figures=False, progress=False)
-
-
-class Executor(Protocol):
-    """Runs jobs and yields each job's results as it finishes."""
-
-    #: GPUs each job gets (None: whatever this machine has, the local executor)
-    gpus_per_job: int | None
-
-    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]: ...
-
-    def close(self) -> None:
-        """Release what the executor started (a local Ray instance); called once, at the end."""
 
 
 def auto_workers() -> int:
@@ -524,7 +315,8 @@ def stack_memory(executor: str, gpus: int | None) -> int | None:
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
-              options: ExecutorOptions | None = None) -> dict[str, Any]:
+              options: ExecutorOptions | None = None,
+              spending: str = "obrien_fleming") -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
     ``executor``: ``local``, ``ray`` or ``slurm``, with its resources and cluster settings in
@@ -533,10 +325,19 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     ``ensembles``: whether a method's seeds at a scale train stacked in one process
     (:func:`use_ensembles`; methods that cannot stack train seed by seed).
 
-    ``until_decided=N``: afterwards, keep adding one seed at a time to every method whose
-    interval still straddles the decision threshold (and to the baseline while it has no
-    noise floor), up to N seeds per method (:func:`modbench.analysis.stats.undecided`).
+    ``until_decided=N``: afterwards, add seeds as a group-sequential design, up to N seeds per
+    group: at each look the verdict's own test at the alpha that look spends (Lan–DeMets
+    ``spending``: ``obrien_fleming`` or ``pocock``), the baseline's seeds first, one more
+    seed for each method not yet decided (:func:`modbench.analysis.stats.sequential_look`);
+    the looks are kept in the study folder (``analysis.results.LOOKS_FILE``) and the report
+    judges the study by them.
     """
+    from modbench.analysis.stats import SPENDING
+
+    if until_decided is not None and (until_decided < 2 or spending not in SPENDING):
+        raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
+                            f"{until_decided}) and --spending one of {', '.join(SPENDING)} "
+                            f"(got {spending!r})")
     runs = expand(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
@@ -558,12 +359,16 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         nproc = nproc_for(gpus)
         stack = use_ensembles(ensembles, None if executor == "local" else gpus)
         memory = stack_memory(executor, gpus) if stack else None
+        asked: set[str] = set()
         while runs:
             _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc,
                      memory)
             if until_decided is None:
                 break
-            runs = _undecided_runs(spec, out, until_decided)
+            runs = _undecided_runs(spec, out, until_decided, spending)
+            if {r.key for r in runs} <= asked:  # the same runs again: they failed, stop
+                break
+            asked = {r.key for r in runs}
             counts["added_seeds"] += len(runs)
     except ModbenchError:
         if fresh and not any((Path(out) / "runs").glob("*")):
@@ -614,25 +419,51 @@ def _prepare_data(runs: list[RunSpec], progress: bool) -> None:
             open_data(c, progress=progress)
 
 
-def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
-    """One new seed for each configuration whose verdict is not settled yet."""
-    from modbench.analysis.results import default_metric, higher_is_better, metric_table
-    from modbench.analysis.stats import noise_floor, undecided
+def _undecided_runs(spec: StudySpec, out: str | Path, cap: int,
+                    spending: str = "obrien_fleming") -> list[RunSpec]:
+    """One look of the group-sequential design at each scale
+    (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule): the new
+    seeds it asks for, the look recorded in the study folder (``LOOKS_FILE``). A scale whose
+    last look asked for nothing and whose seeds have not changed since gets no new look."""
+    from modbench.analysis.results import (
+        ALPHA,
+        LOOKS_FILE,
+        default_metric,
+        looks_json,
+        metric_table,
+        read_looks,
+        verdict_options,
+    )
+    from modbench.analysis.stats import sequential_look
     from modbench.study.results import load_rows
 
     metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
     rows = load_rows(out)
+    looks = read_looks(out)
     new: list[RunSpec] = []
     for scale in spec.scales:
         table = metric_table(rows, scale, metric, spec.baseline)
         if spec.baseline not in table:
             continue
-        floor = noise_floor(table[spec.baseline], higher_is_better=higher_is_better(metric))
-        for req in undecided(table, floor, baseline=spec.baseline, max_seeds=cap):
-            if req.capped:
-                continue
-            seed = max(table[req.method]) + 1 if table.get(req.method) else 0
-            new.append(run_spec(spec, scale, req.method, seed))
+        history = looks.setdefault(scale, [])
+        if history and (history[-1].cap, history[-1].spending) != (cap, spending):
+            raise ModbenchError(
+                f"the looks of {scale} were planned for --until-decided {history[-1].cap} "
+                f"--spending {history[-1].spending}; go on with those, or remove "
+                f"{Path(out) / LOOKS_FILE} to start a new design")
+        seeds = {m: len(s) for m, s in table.items()}
+        if history and history[-1].last and dict(history[-1].seeds) == seeds:
+            continue
+        look = sequential_look(table, history, cap, baseline=spec.baseline, alpha=ALPHA,
+                               spending=spending, n_resamples=1,
+                               **verdict_options(rows, scale, metric,
+                                                 list(spec.seeds.anchors), table))
+        history.append(look)
+        for method, k in look.add.items():
+            first = max(table[method]) + 1 if table.get(method) else 0
+            new += [run_spec(spec, scale, method, first + i) for i in range(k)]
+    if any(looks.values()):
+        atomic_write_text(Path(out) / LOOKS_FILE, looks_json(looks))
     return new
 
 

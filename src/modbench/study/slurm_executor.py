@@ -13,7 +13,7 @@ stops (:class:`modbench.runtime.checkpoint.Preempted`); only then does the task 
 signal to submitit, which calls :meth:`StudyTask.checkpoint` and requeues the same task, so no
 step is lost. (Outside a run's training loop the signal goes to submitit at once.) The
 requeued attempt claims its runs under the job's lease, taking over what its predecessor
-held, and resumes every run from that checkpoint (:func:`modbench.study.runner.execute_job`
+held, and resumes every run from that checkpoint (:func:`modbench.study.jobs.execute_job`
 resumes a run folder that has one), so a run longer than the time limit trains across several
 allocations.
 
@@ -53,7 +53,7 @@ from modbench.study.cluster import (
     one_line,
     slurm_extra,
 )
-from modbench.study.runner import Job, JobResult, execute_job, lost_job_results
+from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
 
 #: seconds before the end of an allocation at which SLURM signals a task: time to finish a
 #: step and write a checkpoint (a 3B run's ~36 GB of fp32 state at a few hundred MB/s)
