@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from modbench.analysis.stats import compare
+from modbench.analysis.stats import Look, compare, sequential_alpha, sequential_verdicts
 from modbench.errors import ModbenchError
 from modbench.runtime.runfolder import PROBES
 from modbench.runtime.stall import judge_run_folder
@@ -155,25 +155,82 @@ def metric_table(rows: list[RunRow], scale: str, metric: str, baseline: str) -> 
     return table
 
 
-def compare_scales(rows: list[RunRow], baseline: str, metric: str,
-                   anchors: list[str]) -> dict[str, list[dict[str, Any]]]:
+def stalled_counts(rows: list[RunRow], scale: str) -> dict[str, int]:
+    """Per method, its finished runs at ``scale`` that stalled (``compare``'s ``stalled``)."""
+    stalled: dict[str, int] = {}
+    for r in rows:
+        if r.scale == scale and r.state == "done" and r.stalled:
+            stalled[r.method] = stalled.get(r.method, 0) + 1
+    return stalled
+
+
+def verdict_options(rows: list[RunRow], scale: str, metric: str, anchors: list[str],
+                    table: Table) -> dict[str, Any]:
+    """The keyword arguments of :func:`compare` the study's verdicts use at ``scale`` (all but
+    the table, the baseline and alpha): the report's comparisons and every look of
+    ``--until-decided`` decide with the same rule."""
+    return {"higher_is_better": higher_is_better(metric),
+            "references": [a for a in anchors if a in table], "correction": CORRECTION,
+            "floor_sigmas": FLOOR_SIGMAS, "stalled": stalled_counts(rows, scale)}
+
+
+#: Where a sequential study (``study run --until-decided N``) keeps its looks, per scale.
+LOOKS_FILE: Final = "sequential.json"
+
+
+def read_looks(folder: str | Path) -> dict[str, list[Look]]:
+    """The looks ``study run --until-decided`` recorded in ``folder`` (scale -> looks, oldest
+    first); empty for a study that never ran sequentially."""
+    import json
+
+    path = Path(folder) / LOOKS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {scale: [Look.from_dict(d) for d in looks]
+                for scale, looks in data["scales"].items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModbenchError(f"{path} is not a record of looks ({e}); remove it to judge the "
+                            "study as if its seeds had been fixed") from None
+
+
+def looks_json(looks: dict[str, list[Look]]) -> str:
+    """:func:`read_looks`' file, as text."""
+    import json
+
+    return json.dumps({"scales": {s: [lk.to_dict() for lk in ls] for s, ls in looks.items()}},
+                      indent=1) + "\n"
+
+
+def _study_folder(rows: list[RunRow]) -> Path | None:
+    dirs = {r.run_dir.parent.parent for r in rows if r.run_dir is not None}
+    return dirs.pop() if len(dirs) == 1 else None
+
+
+def compare_scales(rows: list[RunRow], baseline: str, metric: str, anchors: list[str],
+                   looks: dict[str, list[Look]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per scale (in name order), :func:`modbench.analysis.stats.compare` over the methods'
     seeds (verdict rule: :data:`CORRECTION`, :data:`ALPHA`, :data:`FLOOR_SIGMAS`), as plain
     dicts; a scale without a finished baseline run is left out. Stalled runs are failures
-    (``None`` in the table, counted in ``compare``'s ``stalled``), like diverged ones."""
+    (``None`` in the table, counted in ``compare``'s ``stalled``), like diverged ones.
+
+    A scale whose seeds were added sequentially (``looks``; None: :func:`read_looks` of the
+    study folder the rows' run folders are in) is judged at the alpha spent at its last look
+    (:func:`~modbench.analysis.stats.sequential_alpha`), each method decided at an earlier look
+    keeping that look's verdict (:func:`~modbench.analysis.stats.sequential_verdicts`)."""
+    if looks is None:
+        folder = _study_folder(rows)
+        looks = read_looks(folder) if folder is not None else {}
     out: dict[str, list[dict[str, Any]]] = {}
     for scale in sorted({r.scale for r in rows}):
         table = metric_table(rows, scale, metric, baseline)
         if baseline not in table:
             continue
-        stalled: dict[str, int] = {}
-        for r in rows:
-            if r.scale == scale and r.state == "done" and r.stalled:
-                stalled[r.method] = stalled.get(r.method, 0) + 1
-        res = compare(table, baseline, higher_is_better=higher_is_better(metric),
-                      references=[a for a in anchors if a in table], alpha=ALPHA,
-                      correction=CORRECTION, floor_sigmas=FLOOR_SIGMAS, stalled=stalled)
-        out[scale] = [x.to_dict() for x in res]
+        seq = looks.get(scale, [])
+        res = compare(table, baseline, alpha=sequential_alpha(seq, ALPHA),
+                      **verdict_options(rows, scale, metric, anchors, table))
+        out[scale] = [x.to_dict() for x in sequential_verdicts(res, seq)]
     return out
 
 

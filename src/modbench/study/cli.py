@@ -35,8 +35,12 @@ def run(
         help="Parallel worker processes of the local executor (default: one per CPU core (at "
              "most 8) without a GPU, each on one thread; 1 with a GPU).")] = None,
     until_decided: Annotated[int | None, typer.Option(
-        help="Then add seeds to methods whose interval straddles the decision threshold, up "
-             "to N seeds per method.")] = None,
+        help="Then add seeds as a group-sequential design, up to N seeds per group: at each "
+             "look the verdict's own test at the α that look spends, the baseline's seeds "
+             "first, one more seed for each method not yet decided.")] = None,
+    spending: Annotated[str, typer.Option(
+        help="--until-decided's α-spending function (Lan–DeMets): obrien_fleming (little α "
+             "early, most at the last look) or pocock (evenly).")] = "obrien_fleming",
     ensembles: Annotated[str, typer.Option(
         help="Train a method's seeds stacked in one process: auto (with a GPU: CUDA here, or "
              "one GPU per job on a cluster), on, off.")] = "auto",
@@ -134,7 +138,7 @@ def run(
         raise ModbenchError("--gpu-type, --gpu-tflops and --mfu set the --dry-run estimate; "
                             "add --dry-run, or leave them out")
     c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
-                  ensembles=ensembles, progress=progress, options=options)
+                  ensembles=ensembles, progress=progress, options=options, spending=spending)
     typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
                f"done, {c['trained']} trained, {c['diverged']} diverged, {c['stalled']} stalled, "
                f"{c['failed']} failed"

@@ -315,7 +315,8 @@ def stack_memory(executor: str, gpus: int | None) -> int | None:
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
-              options: ExecutorOptions | None = None) -> dict[str, Any]:
+              options: ExecutorOptions | None = None,
+              spending: str = "obrien_fleming") -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
     ``executor``: ``local``, ``ray`` or ``slurm``, with its resources and cluster settings in
@@ -324,10 +325,19 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     ``ensembles``: whether a method's seeds at a scale train stacked in one process
     (:func:`use_ensembles`; methods that cannot stack train seed by seed).
 
-    ``until_decided=N``: afterwards, keep adding one seed at a time to every method whose
-    interval still straddles the decision threshold (and to the baseline while it has no
-    noise floor), up to N seeds per method (:func:`modbench.analysis.stats.undecided`).
+    ``until_decided=N``: afterwards, add seeds as a group-sequential design, up to N seeds per
+    group: at each look the verdict's own test at the alpha that look spends (Lan–DeMets
+    ``spending``: ``obrien_fleming`` or ``pocock``), the baseline's seeds first, one more
+    seed for each method not yet decided (:func:`modbench.analysis.stats.sequential_look`);
+    the looks are kept in the study folder (``analysis.results.LOOKS_FILE``) and the report
+    judges the study by them.
     """
+    from modbench.analysis.stats import SPENDING
+
+    if until_decided is not None and (until_decided < 2 or spending not in SPENDING):
+        raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
+                            f"{until_decided}) and --spending one of {', '.join(SPENDING)} "
+                            f"(got {spending!r})")
     runs = expand(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
@@ -349,12 +359,16 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         nproc = nproc_for(gpus)
         stack = use_ensembles(ensembles, None if executor == "local" else gpus)
         memory = stack_memory(executor, gpus) if stack else None
+        asked: set[str] = set()
         while runs:
             _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc,
                      memory)
             if until_decided is None:
                 break
-            runs = _undecided_runs(spec, out, until_decided)
+            runs = _undecided_runs(spec, out, until_decided, spending)
+            if {r.key for r in runs} <= asked:  # the same runs again: they failed, stop
+                break
+            asked = {r.key for r in runs}
             counts["added_seeds"] += len(runs)
     except ModbenchError:
         if fresh and not any((Path(out) / "runs").glob("*")):
@@ -405,25 +419,51 @@ def _prepare_data(runs: list[RunSpec], progress: bool) -> None:
             open_data(c, progress=progress)
 
 
-def _undecided_runs(spec: StudySpec, out: str | Path, cap: int) -> list[RunSpec]:
-    """One new seed for each configuration whose verdict is not settled yet."""
-    from modbench.analysis.results import default_metric, higher_is_better, metric_table
-    from modbench.analysis.stats import noise_floor, undecided
+def _undecided_runs(spec: StudySpec, out: str | Path, cap: int,
+                    spending: str = "obrien_fleming") -> list[RunSpec]:
+    """One look of the group-sequential design at each scale
+    (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule): the new
+    seeds it asks for, the look recorded in the study folder (``LOOKS_FILE``). A scale whose
+    last look asked for nothing and whose seeds have not changed since gets no new look."""
+    from modbench.analysis.results import (
+        ALPHA,
+        LOOKS_FILE,
+        default_metric,
+        looks_json,
+        metric_table,
+        read_looks,
+        verdict_options,
+    )
+    from modbench.analysis.stats import sequential_look
     from modbench.study.results import load_rows
 
     metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
     rows = load_rows(out)
+    looks = read_looks(out)
     new: list[RunSpec] = []
     for scale in spec.scales:
         table = metric_table(rows, scale, metric, spec.baseline)
         if spec.baseline not in table:
             continue
-        floor = noise_floor(table[spec.baseline], higher_is_better=higher_is_better(metric))
-        for req in undecided(table, floor, baseline=spec.baseline, max_seeds=cap):
-            if req.capped:
-                continue
-            seed = max(table[req.method]) + 1 if table.get(req.method) else 0
-            new.append(run_spec(spec, scale, req.method, seed))
+        history = looks.setdefault(scale, [])
+        if history and (history[-1].cap, history[-1].spending) != (cap, spending):
+            raise ModbenchError(
+                f"the looks of {scale} were planned for --until-decided {history[-1].cap} "
+                f"--spending {history[-1].spending}; go on with those, or remove "
+                f"{Path(out) / LOOKS_FILE} to start a new design")
+        seeds = {m: len(s) for m, s in table.items()}
+        if history and history[-1].last and dict(history[-1].seeds) == seeds:
+            continue
+        look = sequential_look(table, history, cap, baseline=spec.baseline, alpha=ALPHA,
+                               spending=spending, n_resamples=1,
+                               **verdict_options(rows, scale, metric,
+                                                 list(spec.seeds.anchors), table))
+        history.append(look)
+        for method, k in look.add.items():
+            first = max(table[method]) + 1 if table.get(method) else 0
+            new += [run_spec(spec, scale, method, first + i) for i in range(k)]
+    if any(looks.values()):
+        atomic_write_text(Path(out) / LOOKS_FILE, looks_json(looks))
     return new
 
 
