@@ -518,8 +518,8 @@ def remove_norm(
     """
     from pathlib import Path
 
+    from modbench.remove_norm import remove_norm as run_remove_norm
     from modbench.runtime.lock import FolderLock
-    from modbench.train.remove_norm import remove_norm as run_remove_norm
 
     with FolderLock(out, "modbench remove-norm", beside=True):  # one writer of --out
         o = run_remove_norm(source, out, steps=steps, batch_size=batch_size, lr=lr,

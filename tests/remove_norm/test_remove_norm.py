@@ -18,23 +18,25 @@ from modbench.config import dump_yaml, resolve
 from modbench.errors import ModbenchError
 from modbench.methods import load_all
 from modbench.methods.build import build_model
-from modbench.train.remove_norm import (
+from modbench.remove_norm import remove_norm
+from modbench.remove_norm.core import (
     EMA_MOMENTUM,
     SUPPORTED_NORMS,
-    UNSUPPORTED,
     FakeNorm,
     TokenContext,
     _aux_loss,
     apply_event,
-    check_method,
-    convert_modbench,
     final_fake_norm,
     linearity_error,
-    load_norm_free,
     norm_free_check,
-    remove_norm,
     schedule,
     track_tokens,
+)
+from modbench.remove_norm.modbench_source import (
+    UNSUPPORTED,
+    check_method,
+    convert_modbench,
+    load_norm_free,
 )
 from modbench.train.trainer import train
 
@@ -325,7 +327,7 @@ def test_gpt2_end_to_end(gpt2_folder: Path, tmp_path: Path) -> None:
 def test_gpt2_builtin_corpus_retokenised(gpt2_folder: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import modbench.data as data
-    from modbench.train.remove_norm_gpt2 import gpt2_data
+    from modbench.remove_norm.gpt2 import gpt2_data
 
     docs = data.builtin_documents()[:400]
     monkeypatch.setattr(data, "builtin_documents", lambda: docs)

@@ -1,8 +1,11 @@
-"""``modbench remove-norm``: remove every normalization of a trained model by fine-tuning.
+"""The core of LayerNorm removal by fine-tuning, whatever the model: the fake norm, the
+published schedule, the fine-tuning loop, the checks and the report (the sources are
+:mod:`modbench.remove_norm.modbench_source` and :mod:`modbench.remove_norm.gpt2`; the command,
+:func:`modbench.remove_norm.remove_norm`).
 
-Method (METHODS.md D8): Heimersheim 2024, "You can remove GPT2's LayerNorm by fine-tuning"
-(arXiv 2409.13710), and Baroni, Khara, Schaeffer, Subkhankulov, Heimersheim 2025,
-"Transformers Don't Need LayerNorm at Inference Time" (arXiv 2507.02559, seeds/001_*).
+Method (docs/sources.md#remove-norm): Heimersheim 2024, "You can remove GPT2's LayerNorm by
+fine-tuning" (arXiv 2409.13710), and Baroni, Khara, Schaeffer, Subkhankulov, Heimersheim 2025,
+"Transformers Don't Need LayerNorm at Inference Time" (arXiv 2507.02559).
 
 Each normalization ``y = (x - mean x) / s(x) * g + b`` (LayerNorm, ``s`` the per-token std) or
 ``y = x / s(x) * g`` (RMSNorm, ``s`` the per-token RMS) becomes a :class:`FakeNorm`. While it is
@@ -29,34 +32,18 @@ Choices of our own (docs/remove_norm.md lists them with the reasons):
   value-head norms) with the value path, and norms outside the blocks (final, embedding) at
   the final stage.
 * Special tokens keep their own average at every norm (the 2025 code does so at ln_1);
-  LayerNorm keeps its centering when frozen (METHODS.md's ``(x - mean(x)) / sigma``).
+  LayerNorm keeps its centering when frozen (the papers' ``(x - mean(x)) / sigma``).
 * The optimizer is AdamW (0.9, 0.999), lr 6e-4 cosine to 3e-4 after a warm-up of 25/300 of
-  the steps, weight decay 0.01 on matrices, clipping 1.0, fp32 (METHODS.md D8); the optional
+  the steps, weight decay 0.01 on matrices, clipping 1.0, fp32 (arXiv 2507.02559); the optional
   auxiliary loss (``aux_weight``, the paper's 0.1) pulls each token's final-norm statistic
   towards the batch mean of the ordinary tokens.
-
-Sources: a modbench run folder whose norms are LayerNorm or RMSNorm (methods that normalise
-another way are refused with the reason, :data:`UNSUPPORTED`), fine-tuned on its own data from
-the step where its training stopped; or a Hugging Face GPT-2 folder
-(:mod:`modbench.train.remove_norm_gpt2`). What is written (:func:`remove_norm`)::
-
-    OUT/remove_norm.json        validation loss before, after each stage, after and exported;
-                                every frozen norm's averages; the schedule; the linearity check
-    OUT/diagnostics/before/diagnostics.json, OUT/diagnostics/after/diagnostics.json
-    modbench run:  OUT/config.yaml (the source run's), OUT/model.pt (weights with 1/sigma
-                   folded into each norm's gain, and the frozen norms' state; load it with
-                   :func:`load_norm_free`)
-    GPT-2:         a Hugging Face folder loadable with GPT2LMHeadModel, norms folded
-                   (:func:`modbench.train.remove_norm_gpt2.export_folded`)
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -74,16 +61,14 @@ from modbench.config import RecipeConfig
 from modbench.errors import ModbenchError
 from modbench.methods.basic_norms import LayerNorm as ModbenchLayerNorm
 from modbench.methods.basic_norms import SingleScaleRMSNorm
-from modbench.model.attention import Attention, PassGate
 from modbench.model.norms import RMSNorm
 from modbench.runtime.loss import lm_loss
 from modbench.train.optim import param_groups
 from modbench.train.schedule import lr_at
 
 REPORT = "remove_norm.json"
-MODEL_FILE = "model.pt"
 DIAGNOSTICS_DIR = "diagnostics"
-EMA_MOMENTUM = 0.9  # METHODS.md D8: the live norm's moving average of its statistic
+EMA_MOMENTUM = 0.9  # arXiv 2507.02559: the live norm's moving average of its statistic
 
 # The published GPT-2-small schedule (submarat/removing-layer-norm, config.py gpt2_standard):
 # 300 steps, first freeze at step 20, then per layer 2 (ln_2), 2 (ln_1 QK), 3 (ln_1 V) steps,
@@ -107,39 +92,6 @@ DEFAULT_MIN_LR_RATIO = 0.5  # cosine from 6e-4 to 3e-4
 DEFAULT_WEIGHT_DECAY = 0.01
 DEFAULT_GRAD_CLIP = 1.0
 BETAS = (0.9, 0.999)
-
-# Methods whose normalization is not a LayerNorm/RMSNorm statistic at a norm site.
-UNSUPPORTED: dict[str, str] = {
-    "dyt": "DyT replaces each norm by the element-wise tanh(alpha x): there is no per-token "
-           "statistic to freeze",
-    "bhyt": "its norms are a bounded element-wise tanh with no per-token statistic to freeze",
-    "seednorm": "SeeDNorm's gain depends on the input, a nonlinearity a frozen statistic does "
-                "not remove",
-    "adaptive_rmsnorm": "adaptive RMSNorm's gain depends on the input, a nonlinearity a frozen "
-                        "statistic does not remove",
-    "se_token_mix": "it uses adaptive RMSNorm, whose gain depends on the input",
-    "powernorm": "PowerNorm normalises by running batch statistics, not a per-token "
-                 "LayerNorm/RMSNorm statistic",
-    "prepbn": "PRepBN normalises by batch statistics (BatchNorm), not a per-token statistic",
-    "unified_norm": "Unified Normalization normalises by (smoothed) batch statistics, not a "
-                    "per-token statistic; in evaluation it is already a fixed affine map "
-                    "(fuse_unified_norms folds it into the next linear layers)",
-    "crmsnorm": "CRMSNorm works on a compressed stream with its own norm, not LayerNorm or "
-                "RMSNorm",
-    "ngpt": "nGPT normalises hidden states and weights to the unit sphere everywhere, not at "
-            "norm sites",
-    "hyper_connections": "its dynamic connection weights divide by the stream's RMS inside the "
-                         "residual stream",
-    "attnres": "its depth attention divides by each source's RMS inside the residual stream",
-    "tokenformer": "Pattention L2-normalises its scores per token inside the core",
-    "relaxed_recursive": "its layers share their norms and projections (the tie slot), so a "
-                         "norm frozen for one layer would be frozen for every layer tied to it",
-    "widenet": "its layers share one attention and one FFN core (the tie slot), which the "
-               "per-layer split of the attention norm would wrap once per layer",
-    "three_phase": "its per-channel RMSNorm divides each of the N channels by its own RMS, "
-                   "not one LayerNorm/RMSNorm statistic per token",
-}
-
 
 # ------------------------------------------------------------------------ the fake norm
 
@@ -387,76 +339,9 @@ class Site:
                 "frozen_at": n.frozen_at[self.path]}
 
 
-def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(root.get_submodule(parent_name) if parent_name else root, child, new)
-
-
-# --------------------------------------------------------------------- modbench models
-
-
-def check_method(method: str) -> None:
-    """Refuse a method string with a method whose normalization cannot be removed this way."""
-    from modbench.methods.base import parse_methods
-
-    for m in parse_methods(method):
-        if m.name in UNSUPPORTED:
-            raise ModbenchError(
-                f"remove-norm does not apply to method '{m.name}': {UNSUPPORTED[m.name]}; it "
-                "works on runs whose norms are LayerNorm or RMSNorm (e.g. baseline, layernorm, "
-                "post_ln, sandwich)")
-
-
-def _stage_of(name: str, n_layers: int) -> tuple[str, int]:
-    m = re.match(r"^blocks\.(\d+)\.(attn|ffn)\.(.*)$", name)
-    if m is None:
-        return "final", n_layers
-    layer, sub, rest = int(m.group(1)), m.group(2), m.group(3)
-    if sub == "ffn":
-        return "ffn", layer
-    if rest.startswith("pre_norm") or (rest.startswith("core.") and
-                                       ("q_norm" in rest or "k_norm" in rest)):
-        return "attn_qk", layer
-    return "attn_v", layer
-
-
-def _splittable(sub: nn.Module) -> bool:
-    core = sub.core
-    return (type(core) is Attention and isinstance(core.out_gate, PassGate)
-            and type(sub.pre_norm) in SUPPORTED_NORMS)
-
-
-def convert_modbench(model: nn.Module, tokens: TokenContext) -> list[Site]:
-    """Replace every norm of a modbench decoder by a live :class:`FakeNorm` (in place; the
-    model computes the same function) and return the sites in model order."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise ModbenchError("remove-norm works on models built by modbench (no `blocks`)")
-    n_layers = len(blocks)
-    sites: list[Site] = []
-    for i, block in enumerate(blocks):
-        sub = block.attn
-        if _splittable(sub):
-            fake = fake_from(sub.pre_norm, tokens, paths=2)
-            sub.pre_norm = NormHolder(fake)
-            core = sub.core
-            core.q_proj = NormedInput(core.q_proj, fake, 0, True)
-            core.k_proj = NormedInput(core.k_proj, fake, 0, False)
-            core.v_proj = NormedInput(core.v_proj, fake, 1, True)
-            name = f"blocks.{i}.attn.pre_norm"
-            sites += [Site(name, fake, 0, "attn_qk", i), Site(name, fake, 1, "attn_v", i)]
-    for name, module in list(model.named_modules()):
-        if type(module) in SUPPORTED_NORMS:
-            fake = fake_from(module, tokens)
-            _replace(model, name, fake)
-            stage, layer = _stage_of(name, n_layers)
-            sites.append(Site(name, fake, 0, stage, layer))
-    if not sites:
-        raise ModbenchError("the model has no LayerNorm or RMSNorm to remove; remove-norm needs "
-                            "a run with normalization layers")
-    order = {s: k for k, s in enumerate(STAGES)}
-    sites.sort(key=lambda s: (order[s.stage], s.layer, s.name, s.path))
-    return sites
 
 
 def final_fake_norm(sites: Sequence[Site]) -> FakeNorm | None:
@@ -543,7 +428,7 @@ def apply_event(event: Event, sites: Sequence[Site]) -> None:
 
 @dataclass
 class FineTuneSettings:
-    """The fine-tuning run (defaults: METHODS.md D8, scaled to ``steps``)."""
+    """The fine-tuning run (defaults: arXiv 2507.02559's, scaled to ``steps``)."""
 
     steps: int = 300
     batch_size: int = 8
@@ -741,37 +626,6 @@ def norm_free_check(model: nn.Module, sites: Sequence[Site]) -> dict[str, Any]:
             "max_linearity_error": worst, "paths_checked": len(errors)}
 
 
-# -------------------------------------------------------------------- modbench source
-
-
-def _modbench_val(data: Any, n: int, bs: int, device: torch.device) -> Callable[[nn.Module],
-                                                                                float]:
-    from modbench.runtime.loss import validation_loss
-
-    def val(model: nn.Module) -> float:
-        return validation_loss(model, data, n, bs, device)
-
-    return val
-
-
-def _eot_of(data: Any) -> int | None:
-    from modbench.data import find_eos_id
-
-    try:
-        return find_eos_id(data.tokenizer())
-    except ModbenchError:
-        return None
-
-
-def _diagnose_modbench(model: nn.Module, batches: list[torch.Tensor], info: dict[str, Any]
-                       ) -> dict[str, Any]:
-    from modbench.eval.diagnostics import compute_diagnostics, finalise
-
-    result, reasons = finalise({**info, **compute_diagnostics(model, batches)})
-    result["null_reasons"] = reasons
-    return result
-
-
 @dataclass
 class Outcome:
     """What :func:`remove_norm` wrote."""
@@ -807,19 +661,19 @@ def staged_output(out: Path) -> Iterator[Path]:
         raise
 
 
-def _finite_before(loss: float) -> float:
+def finite_before(loss: float) -> float:
     if not math.isfinite(loss):
         raise ModbenchError(f"the source model's validation loss is {loss} (a diverged run?); "
                             "remove-norm needs a model that trains")
     return loss
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
-def _report(kind: str, source: Path, ft: FineTuneSettings, events: Sequence[Event],
+def run_report(kind: str, source: Path, ft: FineTuneSettings, events: Sequence[Event],
             before: float, res: FineTuneResult, exported: float, sites: Sequence[Site],
             check: dict[str, Any], control: FineTuneResult | None, extra: dict[str, Any],
             n_val: int, started: float) -> dict[str, Any]:
@@ -846,164 +700,3 @@ def _report(kind: str, source: Path, ft: FineTuneSettings, events: Sequence[Even
                         "after": f"{DIAGNOSTICS_DIR}/after/diagnostics.json"},
         "seconds": round(time.time() - started, 2),
     }
-
-
-def remove_norm_modbench(run_dir: Path, out: Path, ft: FineTuneSettings, *,
-                         diagnostics_batches: int = 4, control: bool = False,
-                         progress: bool = True) -> Outcome:
-    """Remove the norms of a modbench run (see the module docstring); writes ``out``."""
-    from modbench.eval.run import check_run_folder, load_run
-    from modbench.runtime.data import open_data
-    from modbench.runtime.device import resolve_device
-    from modbench.runtime.runfolder import CONFIG
-
-    started = time.time()
-    if not (run_dir / CONFIG).is_file():
-        raise ModbenchError(f"{run_dir} is neither a modbench run folder (no config.yaml) nor a "
-                            "Hugging Face GPT-2 folder (no config.json); pass one of them")
-    check_run_folder(run_dir)
-    from modbench.config import resolve
-
-    check_method(resolve(yaml_file=run_dir / CONFIG).model.method)
-    cfg, model, step = load_run(run_dir)
-    device = resolve_device(cfg.train.device)
-    model.to(device)
-    data = open_data(cfg, progress=progress)
-    bs = cfg.train.forward_rows()
-    n_val = cfg.train.eval_sequences
-    val = _modbench_val(data, n_val, bs, device)
-    diag_batches = ([b.to(device) for b in data.val_batches(diagnostics_batches * bs, bs)]
-                    if diagnostics_batches > 0 else [])
-    info = {"method": cfg.model.method, "preset": cfg.preset, "seed": cfg.seed}
-    with staged_output(out) as tmp:
-        model.eval()
-        before = _finite_before(val(model))
-        if diag_batches:
-            _write_json(tmp / DIAGNOSTICS_DIR / "before" / "diagnostics.json",
-                        _diagnose_modbench(model, diag_batches, {**info, "step": step}))
-        control_res = None
-        if control:
-            twin = copy.deepcopy(model)
-            ctl = Task(twin, [], TokenContext(None), lambda s: data.train_batch(
-                step + s, ft.batch_size, cfg.data.data_seed), val, device)
-            control_res = finetune(ctl, ft, [], progress=progress, desc="control (with norms)")
-            del twin
-        tokens = TokenContext(_eot_of(data))
-        sites = convert_modbench(model, tokens)
-        handle = track_tokens(model, tokens)
-        final = final_fake_norm(sites)
-        task = Task(model, sites, tokens,
-                    lambda s: data.train_batch(step + s, ft.batch_size, cfg.data.data_seed),
-                    val, device, final)
-        events = schedule(len(model.blocks), ft.steps)
-        res = finetune(task, ft, events, progress=progress)
-        records = [s.record() for s in sites]  # the averages before folding
-        folded = [n.fold() for n in fake_norms(sites)]
-        model.eval()
-        exported = val(model)
-        check = norm_free_check(model, sites)
-        check["folded_norms"] = sum(folded)
-        if diag_batches:
-            _write_json(tmp / DIAGNOSTICS_DIR / "after" / "diagnostics.json",
-                        _diagnose_modbench(model, diag_batches,
-                                           {**info, "step": step + ft.steps,
-                                            "method": f"{cfg.model.method} (norms removed)"}))
-        handle.remove()
-        state = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                 "step": step + ft.steps,
-                 "remove_norm": {"source_step": step, "steps": ft.steps,
-                                 "norms": {s.name: s.norm.state() for s in sites}}}
-        torch.save(state, tmp / MODEL_FILE)
-        shutil.copyfile(run_dir / CONFIG, tmp / "config.yaml")
-        report = _report("modbench", run_dir, ft, events, before, res, exported, sites, check,
-                         control_res, {"method": cfg.model.method, "preset": cfg.preset,
-                                       "source_step": step}, n_val, started)
-        report["norms"] = records
-        _write_json(tmp / REPORT, report)
-    return Outcome(out, report, "modbench")
-
-
-def load_norm_free(out_dir: str | Path, device: str | torch.device = "cpu"
-                   ) -> tuple[Any, nn.Module]:
-    """The config and the norm-free model that :func:`remove_norm` wrote for a modbench run
-    (its norms are fixed linear maps; ``model(idx)`` gives logits)."""
-    from modbench.config import resolve
-    from modbench.methods.build import build_model
-    from modbench.runtime.checkpoint import load_checkpoint
-
-    out = Path(out_dir)
-    if not (out / MODEL_FILE).is_file() or not (out / "config.yaml").is_file():
-        raise ModbenchError(f"{out} is not a remove-norm output of a modbench run (no "
-                            f"{MODEL_FILE} and config.yaml)")
-    cfg = resolve(yaml_file=out / "config.yaml")
-    state = load_checkpoint(out / MODEL_FILE)
-    model = build_model(cfg.model, seed=cfg.seed)
-    tokens = TokenContext(None)
-    sites = convert_modbench(model, tokens)
-    saved = state["remove_norm"]["norms"]
-    for s in sites:
-        if s.name not in saved:
-            raise ModbenchError(f"{out}/{MODEL_FILE} has no state for norm {s.name}; it was "
-                                "written for another model")
-        s.norm.load_state(saved[s.name])
-    model.load_state_dict(state["model"])
-    track_tokens(model, tokens)
-    return cfg, model.to(device).eval()
-
-
-def is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def remove_norm(source: str | Path, out: str | Path, *, steps: int = 300,
-                batch_size: int | None = None, lr: float = DEFAULT_LR,
-                aux_weight: float = 0.0, diagnostics_batches: int = 4, control: bool = False,
-                data: str | None = None, seq_len: int | None = None,
-                val_sequences: int | None = None, device: str = "auto",
-                progress: bool = True) -> Outcome:
-    """``modbench remove-norm``: a modbench run folder or a Hugging Face GPT-2 folder in,
-    the norm-free model and ``remove_norm.json`` out (module docstring). ``batch_size``: the
-    run's batch size (modbench) or 8 (GPT-2). ``data``, ``seq_len``, ``val_sequences`` and
-    ``device`` apply to GPT-2 (a modbench run uses its own data, validation set and device)."""
-    src, target = Path(source), Path(out)
-    if not src.is_dir():
-        raise ModbenchError(f"{src} does not exist; pass a modbench run folder or a Hugging "
-                            "Face GPT-2 folder")
-    if diagnostics_batches < 0:
-        raise ModbenchError(f"--diagnostics-batches must be 0 or more, got "
-                            f"{diagnostics_batches}")
-    if target.resolve() == src.resolve():
-        raise ModbenchError("--out must be a new folder, not the source itself")
-    if is_hf_folder(src):
-        from modbench.train.remove_norm_gpt2 import remove_norm_gpt2
-
-        ft = FineTuneSettings(steps=steps, batch_size=batch_size or 8, lr=lr,
-                              aux_weight=aux_weight)
-        ft.validate()
-        return remove_norm_gpt2(src, target, ft, data=data, seq_len=seq_len,
-                                val_sequences=val_sequences, device=device,
-                                diagnostics_batches=diagnostics_batches, control=control,
-                                progress=progress)
-    for name, value in (("--data", data), ("--seq-len", seq_len),
-                        ("--val-sequences", val_sequences)):
-        if value is not None:
-            raise ModbenchError(f"{name} applies to GPT-2 sources; a modbench run fine-tunes on "
-                                "its own data and validation set")
-    from modbench.runtime.runfolder import CONFIG
-
-    bs = batch_size
-    if bs is None and (src / CONFIG).is_file():
-        from modbench.config import resolve
-
-        bs = resolve(yaml_file=src / CONFIG).train.batch_size
-    ft = FineTuneSettings(steps=steps, batch_size=bs or 8, lr=lr, aux_weight=aux_weight)
-    ft.validate()
-    return remove_norm_modbench(src, target, ft, diagnostics_batches=diagnostics_batches,
-                                control=control, progress=progress)
-
-
-__all__ = ["EMA_MOMENTUM", "REPORT", "UNSUPPORTED", "Event", "FakeNorm", "FineTuneSettings",
-           "NormHolder", "NormedInput", "Outcome", "Site", "TokenContext", "apply_event",
-           "check_method", "convert_modbench", "fake_from", "finetune", "linearity_error",
-           "load_norm_free", "norm_free_check", "published_timeline", "remove_norm",
-           "schedule", "track_tokens"]

@@ -1,9 +1,10 @@
 """``modbench remove-norm`` on a Hugging Face GPT-2 folder (the 2024 and 2025 papers' models).
 
-The GPT-2 side of :mod:`modbench.train.remove_norm`: the folder is loaded with
-``GPT2LMHeadModel.from_pretrained`` (transformers, in the ``eval`` extra), each block's ``ln_2``
-and the final ``ln_f`` become :class:`~modbench.train.remove_norm.FakeNorm`, and ``ln_1`` is
-split into a query/key and a value path as in the 2025 code: ``ln_1`` passes the stream through
+The GPT-2 source of :mod:`modbench.remove_norm` (its core: :mod:`modbench.remove_norm.core`):
+the folder is loaded with ``GPT2LMHeadModel.from_pretrained`` (transformers, in the ``eval``
+extra), each block's ``ln_2`` and the final ``ln_f`` become
+:class:`~modbench.remove_norm.core.FakeNorm`, and ``ln_1`` is split into a query/key and a
+value path as in the 2025 code: ``ln_1`` passes the stream through
 and ``attn.c_attn`` applies the norm's query/key path to the columns that make q and k and its
 value path to the columns that make v.
 
@@ -48,8 +49,7 @@ from torch import nn
 
 from modbench.errors import ModbenchError
 from modbench.model.head import cross_entropy_sum, next_token_targets
-from modbench.runtime.loss import lm_loss
-from modbench.train.remove_norm import (
+from modbench.remove_norm.core import (
     DIAGNOSTICS_DIR,
     REPORT,
     FakeNorm,
@@ -59,17 +59,18 @@ from modbench.train.remove_norm import (
     Site,
     Task,
     TokenContext,
-    _finite_before,
-    _report,
-    _write_json,
     fake_from,
     fake_norms,
     finetune,
+    finite_before,
     norm_free_check,
+    run_report,
     schedule,
     staged_output,
     track_tokens,
+    write_json,
 )
+from modbench.runtime.loss import lm_loss
 
 EXPORT_EPS = 1e12
 DEFAULT_VAL_SEQUENCES = 64
@@ -428,9 +429,9 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
         eot = getattr(hf.config, "eos_token_id", None)
     with staged_output(out) as tmp:
         model.eval()
-        before = _finite_before(val(model))
+        before = finite_before(val(model))
         if diag:
-            _write_json(tmp / DIAGNOSTICS_DIR / "before" / "diagnostics.json",
+            write_json(tmp / DIAGNOSTICS_DIR / "before" / "diagnostics.json",
                         {"model": str(folder), **gpt2_diagnostics(model, diag)})
         control_res = None
         if control:
@@ -447,7 +448,7 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
         check = norm_free_check(model, sites)
         records = [s.record() for s in sites]
         if diag:
-            _write_json(tmp / DIAGNOSTICS_DIR / "after" / "diagnostics.json",
+            write_json(tmp / DIAGNOSTICS_DIR / "after" / "diagnostics.json",
                         {"model": f"{folder} (norms removed)",
                          **gpt2_diagnostics(model, diag)})
         probe = next(iter(ds.val_batches(min(n_val, bs), bs))).to(dev)
@@ -466,13 +467,13 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
         check["export_max_logit_difference"] = diff
         check["export_layer_norm_epsilon"] = EXPORT_EPS
         check["folded_norms"] = len(fake_norms(sites))
-        report = _report("gpt2", folder, ft, events, before, res, exported, sites, check,
+        report = run_report("gpt2", folder, ft, events, before, res, exported, sites, check,
                          control_res, {"n_layer": len(hf.transformer.h),
                                        "n_embd": hf.config.n_embd,
                                        "data": str(ds.path), "seq_len": ds.seq_len},
                          n_val, started)
         report["norms"] = records
-        _write_json(tmp / REPORT, report)
+        write_json(tmp / REPORT, report)
     return Outcome(out, report, "gpt2")
 
 
