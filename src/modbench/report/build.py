@@ -123,11 +123,15 @@ def _write_report(results: StudyResults, out: Path) -> Path:
     _cross_scale(rows, metric, blocks)
     _divergence(rows, blocks)
     _figures(rows, baseline, out, blocks)
+    from modbench.report.trajectory import trajectory_section, with_trajectories
+
+    traj = trajectory_section(results, out, blocks)  # verdicts over training, sequential looks
     blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files
     atomic_write_text(out / "results.json",
-                      json.dumps(results.comparisons, indent=1, default=str) + "\n")
+                      json.dumps(with_trajectories(results.comparisons, traj), indent=1,
+                                 default=str) + "\n")
     atomic_write_text(out / "report.md", _markdown(blocks, out))
     atomic_write_text(out / "report.html", _html(blocks))
     return out
