@@ -207,6 +207,10 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert res["post_ln"]["verdict"] == res["softcap"]["verdict"] == "within_noise"
     assert res["post_ln"]["n"] == 6 and res["baseline"]["n"] == 6  # the cap
     assert res["post_ln"]["ci_level"] == pytest.approx(1 - looks[-1].alpha)
+    from modbench.report.build import write_report
+
+    md = (write_report(load_results(out), out / "report") / "report.md").read_text()
+    assert "## Sequential seeds" in md and f"tiny: {len(looks)} looks (--until-decided 6" in md
     # run again: nothing new to look at, no new look, no new runs
     c2 = runner.run_study(spec, out, until_decided=6, progress=False)
     assert c2["added_seeds"] == 0 and len(read_looks(out)["tiny"]) == len(looks)
