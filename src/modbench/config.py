@@ -292,6 +292,12 @@ class TrainConfig:
     stall_margin: float = 0.1
     stall_patience: float = 0.5  # fraction of the steps after warm-up, in [0, 1]
     stall_min_steps: int = 100
+    # Early stop of a stalled run (docs/runs.md, "Stopping stalled runs"): at a validation,
+    # a run whose losses since some step s after warm-up all sat at the unigram level (within
+    # stall_margin, as above), for at least this many steps, and fell by less than
+    # stall_margin meanwhile, stops there with status stalled (stalled_at_step s). None: off
+    # (modbench train's default); studies set it (modbench.study.spec.STUDY_STOP_STALLED_AFTER).
+    stop_stalled_after: int | None = None
 
     def logs(self, done: int) -> bool:
         """Whether ``metrics.jsonl`` logs the training record after ``done`` steps: every
@@ -306,6 +312,10 @@ class TrainConfig:
         if not 0.0 <= self.stall_patience <= 1.0:
             raise ModbenchError(f"train.stall_patience must be in [0, 1] (a fraction of the "
                                 f"steps after warm-up), got {self.stall_patience}")
+        ssa = self.stop_stalled_after
+        if ssa is not None and (isinstance(ssa, bool) or not isinstance(ssa, int) or ssa < 1):
+            raise ModbenchError(f"train.stop_stalled_after must be a number of steps, at least "
+                                f"1, or null (never stop a stalled run early), got {ssa!r}")
         if self.batch_size <= 0:
             raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
         if self.seq_len < 2:

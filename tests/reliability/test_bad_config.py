@@ -103,6 +103,7 @@ POOLS: dict[str, list[Any]] = {
     "train.stall_margin": [0.1, 0, -0.1, ".nan", "x"],
     "train.stall_patience": [0.5, 0, 1, 1.5, -0.5],
     "train.stall_min_steps": [100, 0, -1, 1.5],
+    "train.stop_stalled_after": [None, 300, 1, 0, -1, 1.5, True, "x"],
     "data.source": ["builtin", "/nonexistent/data", "", 3],
     "data.data_seed": [0, 1234, -1, 2**64, "x"],
     "data.verify": [True, False, "no"],

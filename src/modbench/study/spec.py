@@ -367,6 +367,9 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "stall_margin"): 0.1,
     ("train", "stall_patience"): 0.5,
     ("train", "stall_min_steps"): 100,
+    # the early stop of stalled runs: studies set it (run_spec), so a store's runs trained
+    # to the end before it existed have other keys and are trained again, never mixed in
+    ("train", "stop_stalled_after"): None,
     ("recipe", "muon_momentum"): 0.95,
     ("recipe", "muon_nesterov"): True,
     ("recipe", "muon_ns_steps"): 5,
@@ -443,12 +446,20 @@ def expand(spec: StudySpec) -> list[RunSpec]:
     return runs
 
 
+#: ``train.stop_stalled_after`` in every study run (a spec's overrides may change it, or
+#: turn it off with ``train.stop_stalled_after=null``): the patience, in steps, whose
+#: false-stop rate benchmarks/stall_rule.py measured (docs/runs.md, "Stopping stalled runs")
+STUDY_STOP_STALLED_AFTER = 200
+
+
 def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
-    """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings."""
+    """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings
+    (and :data:`STUDY_STOP_STALLED_AFTER`, unless the spec overrides it)."""
     data_seed = spec.data.data_seed + (seed if spec.data.order == "per_seed" else 0)
     overrides = [f"data.source={spec.data.source}", f"data.data_seed={data_seed}",
                  f"data.probe_mix={spec.data.probe_mix}",
-                 f"data.probe_loss={spec.data.probe_loss}", *spec.overrides]
+                 f"data.probe_loss={spec.data.probe_loss}",
+                 f"train.stop_stalled_after={STUDY_STOP_STALLED_AFTER}", *spec.overrides]
     cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
     plan_run(cfg)  # unknown or conflicting methods, and recipes that clash, fail now
     return RunSpec(config_key(cfg), scale, method, seed, cfg)

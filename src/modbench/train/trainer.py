@@ -1,7 +1,8 @@
 """One trainer for every method.
 
 The loop (:meth:`Trainer.run`) owns the schedule, the batches, clipping, metrics, validation,
-divergence detection, stall detection (once, at the end: :mod:`modbench.runtime.stall`) and
+divergence detection, stall detection (at the end: :mod:`modbench.runtime.stall`; at each
+validation too under ``train.stop_stalled_after``, which stops a stalled run there) and
 atomic checkpoints. The numerical work of a step goes through an
 engine (:mod:`modbench.train.engine`: one model on one device today; an ensemble or a
 distributed run is another engine under the same loop). Everything else attaches as a
@@ -85,7 +86,7 @@ from modbench.runtime.runfolder import (
     read_metrics,
     val_points,
 )
-from modbench.runtime.stall import StallCheck, check_stall, summary_fields
+from modbench.runtime.stall import StallCheck, check_stall, stalled_at, summary_fields
 from modbench.train.distributed import (
     DistributedEngine,
     check_world,
@@ -118,6 +119,7 @@ class Progress:
     status: str = "completed"  # completed | diverged | stalled (decided at the end: _finish)
     diverged_at: int | None = None
     stalled_at: int | None = None
+    stopped_at: int | None = None  # steps done when train.stop_stalled_after stopped it
     # every validation (step, loss; None: not finite), for the stall rule (runtime.stall)
     vals: list[tuple[int, float | None]] = field(default_factory=list)
     grad_norms: collections.deque[tuple[int, float | None]] = field(
@@ -369,6 +371,8 @@ class Trainer:
                 for m in live:
                     if _every(tc.eval_every, done) and not math.isfinite(self._validate(m, done)):
                         m.prog.diverge(done)
+                    if m.prog.live and _every(tc.eval_every, done):
+                        self._stop_if_stalled(m, done)
                     if m.prog.live and _every(tc.checkpoint_every, done):
                         self._checkpoint(m, done)
                 signum = self._stop_signal()
@@ -472,6 +476,20 @@ class Trainer:
         m.prog.last_val = v
         m.prog.vals.append((step, finite_or_none(v)))
         return v
+
+    def _stop_if_stalled(self, m: Member, done: int) -> None:
+        """``train.stop_stalled_after``: after the validation at step ``done``, stop a member
+        whose losses since some step ``s`` after warm-up all sat at the unigram level, for at
+        least that many steps, falling by less than ``train.stall_margin`` (the stall rule of
+        :mod:`modbench.runtime.stall` over the points so far, the patience in steps). It ends
+        here with status ``stalled`` and ``stalled_at_step`` ``s``, its checkpoint saved at
+        ``done`` (docs/runs.md)."""
+        level = self._unigram_level() if m.cfg.train.stop_stalled_after else None
+        at = None if level is None else stop_stalled_at(m.cfg, m.prog.vals, level.val_loss, done)
+        if at is not None:
+            m.prog.stall(at)
+            m.prog.stopped_at = done
+            self._checkpoint(m, done)  # its last weights (modbench diagnose / eval read them)
 
     def _group_error(self, error: BaseException) -> ModbenchError | None:
         """A collective of the group that timed out or lost a process, as one line."""
@@ -654,7 +672,8 @@ class Trainer:
         if stall.stalled_at is not None:  # finite losses, but no more than token frequencies
             prog.stall(stall.stalled_at)
         completed = prog.status in ("completed", "stalled")  # it trained to the end
-        steps_done = prog.diverged_at - 1 if prog.diverged_at is not None else tc.steps
+        steps_done = (prog.diverged_at - 1 if prog.diverged_at is not None
+                      else prog.stopped_at or tc.steps)
         ran = steps_done - prog.step  # steps this process trained
         summary = {
             "status": prog.status,
@@ -809,6 +828,20 @@ def _member_runs(cfg: RunConfig, out_dir: str | Path | Sequence[str | Path],
     return outs, cfgs
 
 
+def stop_stalled_at(cfg: RunConfig, vals: Sequence[tuple[int, float | None]], level: float,
+                    done: int) -> int | None:
+    """``train.stop_stalled_after``'s rule after the validation at step ``done``: the step
+    ``s`` a run of ``cfg`` with these validation points ``(step, loss)`` has sat at the
+    unigram ``level`` since (:func:`modbench.runtime.stall.stalled_at` over the points so
+    far, with the patience as its least stretch ``done - s`` in steps and no fraction of the
+    schedule), or None: go on (also when the key is null)."""
+    tc = cfg.train
+    if tc.stop_stalled_after is None:
+        return None
+    return stalled_at(vals, level, steps=done, warmup=cfg.recipe.warmup_for(tc.steps),
+                      margin=tc.stall_margin, patience=0.0, min_steps=tc.stop_stalled_after)
+
+
 def _every(k: int, done: int) -> bool:
     return bool(k) and done % k == 0
 
@@ -898,5 +931,5 @@ def train_seeds(
                    progress=progress).run_all()
 
 
-__all__ = ["Callback", "Member", "Trainer", "init_checkpoint", "load_initial_weights", "train",
-           "train_seeds"]
+__all__ = ["Callback", "Member", "Trainer", "init_checkpoint", "load_initial_weights",
+           "stop_stalled_at", "train", "train_seeds"]
