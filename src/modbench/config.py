@@ -458,6 +458,8 @@ class Preset:
     recipe: str
     train: dict[str, Any]
     note: str = ""
+    # recipe keys the preset sets over its recipe's (a ladder rung's scaled warm-up)
+    recipe_keys: dict[str, Any] = field(default_factory=dict)
 
 
 def _llama(vocab: int, d: int, layers: int, heads: int, ff: int) -> ModelConfig:
@@ -573,6 +575,170 @@ RECIPES: dict[str, RecipeConfig] = {
 
 
 # --------------------------------------------------------------------------------------
+# Ladders: families of shapes derived from one shape by a size factor (docs/studies.md,
+# "Ladders"; issue 31)
+
+
+def non_embedding_params(m: ModelConfig) -> int:
+    """Baseline parameters less the token embedding and untied head: per layer the attention
+    projections, SwiGLU and two norms, plus the final norm (``analysis.flops.baseline_params``
+    less ``vocab x d`` once or twice)."""
+    d, dh = m.d_model, m.head_dim
+    attn = d * m.n_heads * dh + 2 * d * m.n_kv_heads * dh + m.n_heads * dh * d
+    return m.n_layers * (attn + 3 * d * m.d_ff + 2 * d) + d
+
+
+def ladder_shape(top: ModelConfig, size: float) -> ModelConfig:
+    """The shape ``size`` times as large as ``top`` in non-embedding parameters, about: width
+    and depth each scaled by ``c = size ** (1/3)`` (the aspect ratio d / L kept), so
+    ``L' = max(1, round(c L))``; the query heads scaled with the width in whole GQA groups
+    of the top's size g, ``H' = max(g, round(c H / g) g)``, ``n_kv' = H' / g``; the head size
+    what is left of the scaled width, even (RoPE), ``d_h' = max(2, round(c d / H' / 2) 2)``, and
+    ``d' = H' d_h'`` (so d_h stays near the top's); the FFN width keeps its ratio to d, a
+    multiple of 8, ``d_ff' = max(8, round(d_ff d' / d / 8) 8)``. Vocabulary, context, norms and
+    tying are the top's. ``size = 1`` gives ``top`` itself."""
+    if not (math.isfinite(size) and 0 < size <= 1):
+        raise ModbenchError(f"a ladder's size factor must be in (0, 1], got {size}")
+    if size == 1:
+        return dataclasses.replace(top)
+    c = size ** (1.0 / 3.0)
+    g = top.n_heads // top.n_kv_heads
+    heads = max(g, round(c * top.n_heads / g) * g)
+    dh = max(2, round(c * top.d_model / heads / 2) * 2)
+    d = heads * dh
+    ff = max(8, round(top.d_ff * d / top.d_model / 8) * 8)
+    return dataclasses.replace(top, d_model=d, n_layers=max(1, round(c * top.n_layers)),
+                               n_heads=heads, n_kv_heads=heads // g, d_ff=ff,
+                               attn_head_dim=None)
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """A family of ``rungs`` shapes ending at the preset ``top`` (the largest rung, trained as
+    that preset is), each about ``factor`` times smaller in non-embedding parameters than the
+    next (:func:`ladder_shape` at size ``factor ** -k``). Every rung trains on
+    ``tokens_per_param`` tokens per non-embedding parameter (None: the top's own ratio),
+    sequences of the top's length; its batch is the top's scaled with the compute
+    ``C ~ N D ~ N^2`` as ``C^(1/3)`` (``batch (N'/N)^(2/3)`` to the nearest power of two, at
+    least ``min_batch``); its steps give the tokens; its warm-up (a fixed count in the
+    recipe), validation and checkpoint intervals shrink with its steps, so each rung warms up
+    over the same fraction and validates as often. The learning rate and every other recipe
+    key are the top's: the recipe is frozen along the ladder."""
+
+    name: str
+    top: str
+    rungs: int
+    factor: float
+    min_batch: int
+    tokens_per_param: float | None = None
+    note: str = ""
+
+    def rung_names(self) -> list[str]:
+        """Smallest first; the last is ``top``."""
+        return [f"{self.name}-ladder-{k + 1}" for k in range(self.rungs - 1)] + [self.top]
+
+
+def _pow2(x: float) -> int:
+    return 1 << max(0, round(math.log2(max(x, 1.0))))
+
+
+def ladder_presets(ladder: Ladder, top: Preset) -> list[Preset]:
+    """The rungs of ``ladder`` below its top, as presets (:class:`Ladder` has the rule)."""
+    t = top.train
+    seq, batch, steps = int(t["seq_len"]), int(t["batch_size"]), int(t["steps"])
+    n_top = non_embedding_params(top.model)
+    ratio = ladder.tokens_per_param or steps * batch * seq / n_top
+    warm = RECIPES[top.recipe].warmup_steps
+    out = []
+    for k, name in enumerate(ladder.rung_names()[:-1]):
+        model = ladder_shape(top.model, ladder.factor ** -(ladder.rungs - 1 - k))
+        n = non_embedding_params(model)
+        b = max(ladder.min_batch, min(batch, _pow2(batch * (n / n_top) ** (2 / 3))))
+        st = max(1, round(ratio * n / (b * seq)))
+        train = {**t, "batch_size": b, "steps": st}
+        for key in ("eval_every", "checkpoint_every"):
+            if t.get(key):
+                train[key] = max(1, round(t[key] * st / steps))
+        if isinstance(t.get("micro_batch_size"), int):
+            train["micro_batch_size"] = math.gcd(b, t["micro_batch_size"])
+        recipe = {"warmup_steps": round(warm * st / steps)} if warm is not None else {}
+        out.append(Preset(name, model, top.recipe, train,
+                          f"Rung {k + 1} of {ladder.rungs} of the {ladder.name} ladder "
+                          f"(top {ladder.top}): {n / 1e6:.3g}M non-embedding parameters, "
+                          f"{st * b * seq / n:.3g} tokens per non-embedding parameter.",
+                          recipe))
+    return out
+
+
+LADDERS: dict[str, Ladder] = {lad.name: lad for lad in [
+    Ladder("smoke", "smoke-top", rungs=4, factor=2.0, min_batch=8,
+           note="Tiny rungs for CI (ladder-smoke): seconds each."),
+    Ladder("cpu", "cpu-top", rungs=6, factor=2.1, min_batch=8,
+           note="0.2M to 8M non-embedding parameters on the built-in corpus; ladder-cpu "
+                "trains the four smallest."),
+    Ladder("gpu", "climb-1.2b", rungs=4, factor=4.0, min_batch=32,
+           note="About 17M to 1.08B non-embedding parameters ending at seed 002's 1.2B "
+                "shape, its tokens per parameter (about 21) at every rung."),
+]}
+
+LADDER_PRESETS = [
+    Preset("smoke-top",
+           ModelConfig(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                       d_ff=176, max_seq_len=64),
+           recipe="cpu",
+           train={"steps": 60, "batch_size": 8, "seq_len": 32, "eval_every": 30,
+                  "eval_sequences": 16},
+           note="The smoke ladder's top rung (for tests and CI)."),
+    Preset("cpu-top",
+           ModelConfig(vocab_size=1024, d_model=256, n_layers=12, n_heads=8, n_kv_heads=4,
+                       d_ff=688, max_seq_len=128),
+           recipe="cpu",
+           train={"steps": 5000, "batch_size": 8, "seq_len": 64, "eval_every": 500,
+                  "eval_sequences": 32},
+           note="The CPU ladder's top rung: about 8.7M non-embedding parameters (12 x 256, 8 "
+                "heads of 32 in groups of 2)."),
+]
+PRESETS.update({p.name: p for p in LADDER_PRESETS})
+PRESETS.update({p.name: p for lad in LADDERS.values()
+                for p in ladder_presets(lad, PRESETS[lad.top])})
+
+_LADDER = re.compile(r"\s*ladder\s*\(\s*([A-Za-z0-9_.-]+)\s*(?:,\s*([0-9]+)\s*)?\)\s*")
+
+
+def ladder_scales(text: str) -> list[str] | None:
+    """The presets of ``ladder(NAME)`` (every rung) or ``ladder(NAME, K)`` (its K smallest
+    rungs), smallest first; None when ``text`` is not of that form."""
+    m = _LADDER.fullmatch(text)
+    if m is None:
+        return None
+    name = m.group(1)
+    if name not in LADDERS:
+        raise ModbenchError(f"unknown ladder '{name}'{suggest(name, LADDERS)}; the ladders are "
+                            f"{', '.join(LADDERS)} (docs/studies.md, Ladders)")
+    names = LADDERS[name].rung_names()
+    k = len(names) if m.group(2) is None else int(m.group(2))
+    if not 1 <= k <= len(names):
+        raise ModbenchError(f"ladder({name}, {k}): the {name} ladder has {len(names)} rungs; "
+                            f"ask for 1 to {len(names)}")
+    return names[:k]
+
+
+def expand_scales(value: Any) -> Any:
+    """A spec's ``scales``: ``ladder(NAME[, K])`` or a list whose items are presets or
+    ladders, as the list of presets (other values are returned as they are, for the spec's
+    own check to refuse)."""
+    if isinstance(value, str):
+        return ladder_scales(value) or value
+    if isinstance(value, list):
+        out: list[Any] = []
+        for v in value:
+            rungs = ladder_scales(v) if isinstance(v, str) else None
+            out += [r for r in rungs if r not in out] if rungs else [v]
+        return out
+    return value
+
+
+# --------------------------------------------------------------------------------------
 # Resolution and overrides
 
 
@@ -618,6 +784,8 @@ def resolve(
     cfg.recipe = copy.deepcopy(RECIPES[recipe_name])
     for k, v in p.train.items():
         setattr(cfg.train, k, v)
+    for k, v in p.recipe_keys.items():
+        setattr(cfg.recipe, k, v)
     if tree:
         _merge_tree(cfg, tree, prefix="")
     cfg.recipe.name = recipe_name

@@ -126,6 +126,9 @@ def _write_report(results: StudyResults, out: Path) -> Path:
     from modbench.report.trajectory import trajectory_section, with_trajectories
 
     traj = trajectory_section(results, out, blocks)  # verdicts over training, sequential looks
+    from modbench.report.scaling import scaling_section
+
+    blocks += scaling_section(results, out)  # fits along a ladder (3+ scales), scaling.json
     blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files

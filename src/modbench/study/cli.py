@@ -193,15 +193,97 @@ def report(
     metric: Annotated[str | None, typer.Option(
         help="Primary metric: val_loss, probe_avg, climb_avg or a task name "
              "(default: the spec's).")] = None,
+    predict: Annotated[str | None, typer.Option(
+        help="Also print each method's gap at this preset, extrapolated from the study's "
+             "scaling fits (3 or more scales), beside the GPU-hours its real runs would "
+             "cost. Example: --predict climb-1.2b.")] = None,
+    gpu_type: Annotated[str | None, typer.Option(
+        help="With --predict: the GPU of the GPU-hours (default: H100).")] = None,
+    mfu: Annotated[float | None, typer.Option(
+        help="With --predict: the MFU the GPU-hours assume (default: 0.30).")] = None,
 ) -> None:
     """Write FOLDER/report/: report.md, a self-contained report.html, results.csv and plots.
 
     Example: modbench study report studies/builtin-cpu
+
+    Example: modbench study report studies/ladder-cpu --predict climb-1.2b
     """
     from modbench.study.results import write_study_report
 
+    if predict is None and (gpu_type is not None or mfu is not None):
+        from modbench.errors import ModbenchError
+
+        raise ModbenchError("--gpu-type and --mfu set --predict's GPU-hours; add --predict "
+                            "PRESET, or leave them out")
+    text = _prediction(folder, predict, gpu_type, mfu) if predict is not None else None
     out = write_study_report(folder, metric)
     typer.echo(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'results.csv'}")
+    if text is not None:
+        typer.echo(text)
+
+
+def _prediction(folder: Path, shape: str, gpu_type: str | None, mfu: float | None) -> str:
+    """``study report --predict SHAPE``: each method's gain over the baseline at SHAPE from
+    the full-ladder fits (:meth:`~modbench.analysis.scaling.ScalingAnalysis.extrapolated_gain`),
+    marked as an extrapolation, beside the GPU-hours of the study's runs at SHAPE
+    (``study plan``'s accounting: :func:`~modbench.study.plan.run_flops`)."""
+    import dataclasses
+    import math
+
+    from modbench.analysis.scaling import (
+        analyse,
+        method_non_embedding_params,
+        points_from_results,
+    )
+    from modbench.errors import ModbenchError
+    from modbench.study.plan import run_flops, throughput
+    from modbench.study.results import load_results, load_spec_of
+    from modbench.study.spec import StudySpec, expand, run_spec
+
+    rate = throughput(gpu_type, None, mfu)
+    spec = load_spec_of(folder) or StudySpec()
+    target = expand(dataclasses.replace(spec, scales=[shape]))  # an unknown preset: one line
+    results = load_results(folder)
+    an = analyse(points_from_results(results), results.baseline)
+    if an is None:
+        raise ModbenchError(f"{folder} has fewer than 3 scales with a finished "
+                            f"'{results.baseline}' run: no scaling fit to extrapolate; "
+                            "--predict needs a ladder (docs/studies.md, Ladders)")
+    seed = spec.seeds.default[0]
+    n_of = {m: method_non_embedding_params(run_spec(spec, shape, m, seed).config.model)
+            for m in an.methods}
+    top = an.methods[an.baseline].rungs[-1]
+    hours = {m: sum(run_flops(r.config) for r in target if r.method == m)
+             / rate.flops_per_s / 3600 for m in an.methods}
+    lines = [f"EXTRAPOLATION, not a measurement: {shape} from the fits over {len(an.scales)} "
+             f"rungs of {folder} (largest {top.scale}, N {top.params:.3g}); {shape} has N "
+             f"{n_of[an.baseline]:.3g} non-embedding parameters, "
+             f"{n_of[an.baseline] / top.params:.3g}x the largest rung",
+             f"{'method':<24} {'predicted loss':>14} {'gain over baseline [95% CI]':>32} "
+             f"{'GPU-hours':>10}"]  # a method's runs at SHAPE
+    for m, ms in an.methods.items():
+        loss = ms.extrapolate(n_of[m])
+        if m == an.baseline:
+            gain = "(baseline)"
+        else:
+            g, (lo, hi) = an.extrapolated_gain(m, n_of[m], n_of[an.baseline])
+            gain = f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        lines.append(f"{m:<24} {loss:>14.4f} {gain:>32} {hours[m]:>10,.1f}")
+    total = sum(hours.values())
+    cfg = run_spec(spec, shape, an.baseline, seed).config
+    t_target = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len / n_of[an.baseline]
+    t_top = next((r.tokens / top.params for r in results.rows if r.scale == top.scale
+                  and r.method == an.baseline and r.tokens), math.nan)
+    if not math.isclose(t_target, t_top, rel_tol=0.1):
+        lines.append(f"note: the largest rung trained {t_top:.3g} tokens per non-embedding "
+                     f"parameter, {shape} trains {t_target:.3g}; the fits assume a ladder's "
+                     "fixed ratio, so the extrapolation is further off than its interval says")
+    lines.append(f"the real runs at {shape} ({len(target)} runs, the spec's seeds): "
+                 f"{total:,.1f} GPU-hours on {rate.gpu} at MFU {rate.mfu:.2f}"
+                 f"{' (assumed)' if rate.mfu_assumed else ''}, `study run --dry-run`'s "
+                 "accounting; the interval is the fits' bootstrap spread, not one run's "
+                 "noise, and holds only if the ladder's trend continues")
+    return "\n".join(lines)
 
 
 @study_app.command("validate")

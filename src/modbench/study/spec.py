@@ -10,7 +10,7 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
       default: [0]                    # every method
       noise_floor: [0, 1, 2]          # the baseline and the anchors below
       anchors: [qknorm]               # methods that also get the noise-floor seeds
-    scales: [cpu-small]               # presets
+    scales: [cpu-small]               # presets, or ladder(cpu, 4): a ladder's rungs
     recipe: null                      # null: each preset's own
     overrides: ["train.steps=300"]    # --set items applied to every run
     data: {source: builtin, data_seed: 1234, probe_mix: 0.0, probe_loss: all, order: fixed}
@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from modbench.config import EXECUTION_KEYS, RunConfig, resolve, yaml_nodes
+from modbench.config import EXECUTION_KEYS, RunConfig, expand_scales, resolve, yaml_nodes
 from modbench.errors import ModbenchError, suggest
 from modbench.methods.build import plan_run
 
@@ -296,6 +296,8 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
             kwargs[k] = _build(sub, v, f"{k}.")
         else:
             kwargs[k] = v
+    if cls is StudySpec and "scales" in kwargs:  # ladder(NAME[, K]): its rungs' presets
+        kwargs["scales"] = expand_scales(kwargs["scales"])
     for name in ("methods", "scales", "overrides"):
         if name in kwargs and not isinstance(kwargs[name], list):
             raise ModbenchError(f"study key '{name}' must be a list")
