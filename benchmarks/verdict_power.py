@@ -4,6 +4,12 @@ alone (the rule before issue 29), at the built-in study's design (3-seed baselin
 (about a minute). The rule is tests/analysis/verdict_sim.py, the vectorised
 ``modbench.analysis.stats.compare`` that tests/analysis/test_power_sim.py checks against
 ``compare`` itself. BENCHMARKS.md and docs/statistics.md quote its output.
+
+``python benchmarks/verdict_power.py --sequential`` measures ``--until-decided 10`` instead
+(tests/analysis/sequential_sim.py, the vectorised ``stats.sequential_look``, which
+tests/analysis/test_sequential_sim.py checks look for look against the function itself): the
+same design growing to at most 10 seeds per group, 100,000 studies per scenario and spending
+function (a few minutes).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
+import sequential_sim as Q
 import verdict_sim as V
 
 N = 200_000
@@ -42,5 +49,25 @@ def main() -> None:
               f"welch-only FWER {fw:.4f} power {pww:.3f}")
 
 
+SEQ_N = 100_000
+SEQ_SCENARIOS = {k: SCENARIOS[k] for k in ("normal null", "t4 null", "2x var", "2 sigma",
+                                            "3 sigma")}
+SEQ_SCENARIOS["1.5 sigma"] = ([1.5, 0, 0, 0, 0], "normal", None)
+
+
+def sequential() -> None:
+    for i, (name, (effects, noise, scales)) in enumerate(SEQ_SCENARIOS.items()):
+        e = np.asarray(effects, dtype=float)
+        for spending in ("obrien_fleming", "pocock"):
+            rng = np.random.default_rng(2000 + i)
+            b, m = V.simulate(rng, SEQ_N, 10, e, 10, noise,
+                              None if scales is None else np.asarray(scales))
+            out = Q.run(b, m, 3, 3, 10, spending=spending)
+            f, pw = Q.rates(out.verdicts, e)
+            print(f"{name}, {spending}: FWER {f:.4f} power {pw:.3f} seeds {out.seeds.mean():.1f}"
+                  f" looks {out.looks.mean():.2f} alpha spent {out.spent.mean():.4f}",
+                  flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    sequential() if "--sequential" in sys.argv[1:] else main()
