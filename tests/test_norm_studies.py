@@ -1,5 +1,5 @@
-"""The built-in specs for seeds/000_* Tables 3-5 exist, expand (every method string parses,
-every preset and recipe exists) and hold the published grid."""
+"""The built-in specs for the CoMT preprint's Tables 3-5 (docs/sources.md#comt) exist, expand
+(every method string parses, every preset and recipe exists) and hold the published grid."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def flops(
         help="Tokens per sequence (default: the preset's training length).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Parameters and training FLOPs per token, counted analytically (seeds/002_* Appendix C:
+    """Parameters and training FLOPs per token, counted analytically (arXiv 2605.20798 Appendix C:
     matrix multiplications, full T x T attention, training = 3 x forward).
 
     Example: modbench flops --preset climb-1.2b --method diff_attn --method relu2

@@ -471,7 +471,7 @@ def _llama(vocab: int, d: int, layers: int, heads: int, ff: int) -> ModelConfig:
 
 
 def _climb(name: str, d: int, layers: int, ff: int, note: str) -> Preset:
-    # seeds/002_* §3.2: 32 heads with 8 KV heads, context 1024, vocab 65664, tied embeddings;
+    # arXiv 2605.20798 §3.2: 32 heads with 8 KV heads, context 1024, vocab 65664, tied embeddings;
     # 44,000 steps of 512 x 1024 tokens, the seed002 recipe.
     model = ModelConfig(vocab_size=65664, d_model=d, n_layers=layers, n_heads=32, n_kv_heads=8,
                         d_ff=ff, max_seq_len=1024, tie_embeddings=True)
@@ -482,9 +482,9 @@ def _climb(name: str, d: int, layers: int, ff: int, note: str) -> Preset:
 
 _LLAMA_TRAIN = {"batch_size": 512, "seq_len": 256, "eval_every": 1000, "eval_sequences": 2048,
                 "checkpoint_every": 1000, "micro_batch_size": "auto"}
-_MIXLN_NOTE = ("LLaMA shape of the Mix-LN / LayerNorm-Scaling scripts (seeds/000_*); batch 512 x "
-               "256 tokens as in their C4 scripts; train on C4 prepared with a 32000-token "
-               "tokenizer (`modbench data prepare`).")
+_MIXLN_NOTE = ("LLaMA shape of the Mix-LN / LayerNorm-Scaling scripts (docs/sources.md#comt); "
+               "batch 512 x 256 tokens as in their C4 scripts; train on C4 prepared with a "
+               "32000-token tokenizer (`modbench data prepare`).")
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -531,13 +531,13 @@ PRESETS: dict[str, Preset] = {
         Preset("llama-1b", _llama(32000, 2048, 24, 32, 5461), "c4-mixln",
                {**_LLAMA_TRAIN, "steps": 90000}, _MIXLN_NOTE + " The scripts use lr 5e-4 at 1B."),
         _climb("climb-1.2b", 2048, 24, 5632,
-               "seeds/002_* §3.2: 24 layers, hidden 2048, 32 heads / 8 KV heads, SwiGLU 5632, "
+               "arXiv 2605.20798 §3.2: 24 layers, hidden 2048, 32 heads / 8 KV heads, SwiGLU 5632, "
                "context 1024, vocab 65664, tied embeddings (1.217B parameters, Table 4); "
                "44,000 steps of 512 x 1024 tokens (23.07B tokens)."),
         _climb("climb-3b", 3072, 28, 8192,
-               "seeds/002_* §5: 28 layers, hidden 3072, FFN 8192. The seed says only 'all other "
-               "details identical', so heads (32), KV heads (8), vocab, context and tying are "
-               "taken from climb-1.2b; the step count is not given (60.04B tokens would be "
+               "arXiv 2605.20798 §5: 28 layers, hidden 3072, FFN 8192. The paper says only 'all "
+               "other details identical', so heads (32), KV heads (8), vocab, context and tying "
+               "are taken from climb-1.2b; the step count is not given (60.04B tokens would be "
                "~114,500 steps at 512 x 1024) and is left at the 1.2B value: set train.steps."),
     ]
 }
@@ -551,7 +551,7 @@ RECIPES: dict[str, RecipeConfig] = {
         name="seed002", optimizer="adamw", lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
         weight_decay=0.1, grad_clip=1.0, warmup_steps=2000, schedule="cosine",
         min_lr_ratio=0.1, precision="auto",
-        note="seeds/002_* §3.2: AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, 2,000 linear "
+        note="arXiv 2605.20798 §3.2: AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, 2,000 linear "
              "warm-up steps, cosine to 10%, bf16 autocast with fp32 master weights. The seed's "
              "text lost the learning rate; 3e-4 is our choice [unverified].",
     ),

@@ -1,4 +1,4 @@
-"""The study's combinations (seeds/002_* B.17, B.18) train on tiny like single methods."""
+"""The study's combinations (arXiv 2605.20798 B.17, B.18) train on tiny like single methods."""
 
 from __future__ import annotations
 

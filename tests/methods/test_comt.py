@@ -14,7 +14,7 @@ from modbench.methods.build import build_model, count_params
 ROLES = {"q": "attn.core.q_proj", "k": "attn.core.k_proj", "v": "attn.core.v_proj",
          "o": "attn.core.o_proj", "gate": "ffn.core.gate_proj", "up": "ffn.core.up_proj",
          "down": "ffn.core.down_proj"}
-EXPECTED = {  # seeds/000_* Table 4 and its text
+EXPECTED = {  # the CoMT preprint's Table 4 and its text
     "all": {"q", "k", "v", "o", "gate", "up", "down"},
     "self_attention": {"q", "k", "v", "o"},
     "self-attention": {"q", "k", "v", "o"},

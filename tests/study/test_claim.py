@@ -19,10 +19,10 @@ def write(tmp_path: Path, claim: object, methods: tuple[str, ...] = ("post_ln", 
 
 
 def test_claim_is_read_and_survives_the_round_trip_through_spec_yaml(tmp_path: Path) -> None:
-    spec = load_spec(write(tmp_path, {"source": "seeds/000 Table 3", "text": "Post-LN stalls.",
+    spec = load_spec(write(tmp_path, {"source": "CoMT preprint Table 3", "text": "Post-LN stalls.",
                                       "expect": {"post_ln": ["degrader", "diverged"],
                                                  "mix_ln": "improver"}}))
-    assert spec.claim == ClaimSpec("seeds/000 Table 3", "Post-LN stalls.",
+    assert spec.claim == ClaimSpec("CoMT preprint Table 3", "Post-LN stalls.",
                                    {"post_ln": ["degrader", "diverged"], "mix_ln": ["improver"]})
     again = tmp_path / "again.yaml"
     again.write_text(yaml.safe_dump(spec.to_dict()))

@@ -1,6 +1,6 @@
 """Analytic parameters and training FLOPs per token, for the baseline and any method string.
 
-Convention (seeds/002_* Appendix C, and what ``torch.utils.flop_counter`` counts): matrix
+Convention (arXiv 2605.20798 Appendix C, and what ``torch.utils.flop_counter`` counts): matrix
 multiplications only, 2 FLOPs per multiply-add; attention scores and mixing counted over the
 full T x T square (no causal halving, as the fused kernels' FLOP formulas do); element-wise
 operations (norms, activations, softmax) and the embedding lookup not counted. Per token,

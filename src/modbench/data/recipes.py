@@ -5,10 +5,10 @@ anything given explicitly wins. The source-specific defaults (text field, split,
 source tokenizer) apply only while the recipe's own source is read: with ``--source`` of your
 own, they fall back to the plain defaults.
 
-* ``c4-llama`` (seeds/000_*: LLaMA 60M-1B on C4 ``en`` as in the Mix-LN / LayerNorm-Scaling
+* ``c4-llama`` (docs/sources.md#comt: LLaMA 60M-1B on C4 ``en`` as in the Mix-LN / LayerNorm-Scaling
   scripts): ``allenai/c4`` config ``en``, the LLaMA tokenizer (32,000 tokens), rows of 256
   tokens, enough rows for ``llama-1b``'s 90,000 steps of 512 rows.
-* ``climbmix`` (seeds/002_* Appendix A): nvidia's ClimbMix (stored as GPT-2 token ids, decoded
+* ``climbmix`` (arXiv 2605.20798 Appendix A): nvidia's ClimbMix (stored as GPT-2 token ids, decoded
   back to text), a 65,536-entry BPE of your own (``modbench data train-tokenizer --recipe
   climbmix``), rows of 1,024 tokens, the source's files read in a seeded shuffle, a token
   budget: 23.28B for the 1.2B study, 60.04B for the 3B study, the first a prefix of the second.
@@ -75,7 +75,7 @@ RECIPES: dict[str, Recipe] = {
     for r in [
         Recipe(
             name="c4-llama",
-            summary="seeds/000_*: C4 `en` (allenai/c4) with the LLaMA tokenizer (32,000 tokens), "
+            summary="CoMT preprint: C4 `en` (allenai/c4) with the LLaMA tokenizer (32,000 tokens), "
             "rows of 256 tokens, 11.8B training tokens (llama-1b's 90,000 steps of 512 x 256)",
             source="hf:allenai/c4:en",
             tokenizer="hf:meta-llama/Llama-2-7b-hf",
@@ -91,7 +91,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="climbmix",
-            summary="seeds/002_* App. A: nvidia's ClimbMix (GPT-2 ids decoded to text), your "
+            summary="arXiv 2605.20798 App. A: nvidia's ClimbMix (GPT-2 ids decoded to text), your "
             "65,536-token BPE (train-tokenizer), rows of 1,024 tokens, files in a seeded "
             "shuffle; --max-tokens 23.28B (1.2B study, the default) or 60.04B (3B study)",
             source="hf:nvidia/Nemotron-ClimbMix",
@@ -103,7 +103,7 @@ RECIPES: dict[str, Recipe] = {
                 "data/climbmix-tokenizer"
             ),
             vocab_size=65536,
-            model_vocab_size=65664,  # seeds/002_* §3.2 and the climb-* presets
+            model_vocab_size=65664,  # arXiv 2605.20798 §3.2 and the climb-* presets
             seq_len=1024,
             val_fraction=0.0005,
             max_tokens=23_280_000_000,

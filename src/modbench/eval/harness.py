@@ -5,7 +5,7 @@ Needs the optional extra ``modbench[eval]`` (``lm_eval``). The adapter builds on
 ``--model hf`` takes), which is what lets the in-process numbers equal those of an exported
 checkpoint evaluated with ``lm_eval --model hf``.
 
-Suites: ``climb12`` is the twelve tasks of seeds/002_* §3.4 at the harness's default few-shot
+Suites: ``climb12`` is the twelve tasks of arXiv 2605.20798 §3.4 at the harness's default few-shot
 settings; ``climb_avg`` is their unweighted macro-average (per task: ``acc_norm`` where the
 harness reports it, else ``acc``; LAMBADA ``acc``; TruthfulQA-MC2 ``acc``).
 

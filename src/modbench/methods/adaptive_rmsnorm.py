@@ -1,13 +1,13 @@
 """Adaptive RMSNorm: an RMSNorm whose gain is modulated by a causal context of the sequence.
 
-Equation (METHODS.md E9, our causal reading of the model card)::
+Equation (docs/sources.md#se-token-mix, our causal reading of the model card)::
 
     x_hat_t = x_t / sqrt(mean(x_t^2) + eps)
     c_t     = (1 / t) sum_{s <= t} x_hat_s            causal (cumulative) mean over positions
     y_t     = g * (1 + tanh(W c_t)) * x_hat_t         W in R^(d x d), g in R^d
 
 Citation: the Hugging Face model card ``Josephgflowers/Liquid-Metal-Tinyllama-Test-1``
-(seeds/004_*: "Adaptive RMSNorm normalizes the input while applying an adaptive scaling based
+(the model card: "Adaptive RMSNorm normalizes the input while applying an adaptive scaling based
 on the global context of each input"); its script is not public and there is no paper.
 
 Init: g = 1 and W = 0, so the layer equals RMSNorm at initialisation (1 + tanh(0) = 1); W

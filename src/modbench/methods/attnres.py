@@ -1,8 +1,8 @@
 """Attention Residuals (AttnRes): each sublayer's input is a softmax-weighted mix over depth of
 the earlier sublayer outputs, instead of their sum.
 
-Equations (METHODS.md E4; seeds/002_* Appendix B.1: "Full, pseudo-query", Eq. 2 and Table 4
-row 2 of the paper). Sublayers k = 0 .. 2L-1 (attention and FFN counted separately);
+Equations (docs/sources.md#attnres; arXiv 2605.20798 Appendix B.1: "Full, pseudo-query", Eq. 2
+and Table 4 row 2 of the paper). Sublayers k = 0 .. 2L-1 (attention and FFN counted separately);
 v_0 = the embedding (after the embedding norm site), v_{k+1} = the output of sublayer k::
 
     full:   h_k = sum_{i <= k} a_{i,k} v_i,    a_{., k} = softmax_i( w_k^T RMSNorm_k(v_i) )

@@ -102,7 +102,7 @@ class Method:
 
     def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
         """Documented extra *forward* FLOPs per token over the baseline, at this config and
-        training sequence length. Convention (seeds/002_* Appendix C, and what
+        training sequence length. Convention (arXiv 2605.20798 Appendix C, and what
         ``torch.utils.flop_counter`` counts): matrix multiplications only, 2 FLOPs per
         multiply-add, attention scores and mixing included, element-wise ops not counted.
         Training FLOPs are 3x forward."""

@@ -1,6 +1,6 @@
 """The plain norm types: LayerNorm, RMSNorm (the baseline) and single-scale RMSNorm.
 
-Equations (over the last dimension, d entries; METHODS.md D5 for SSNorm)::
+Equations (over the last dimension, d entries; docs/sources.md#ssnorm for SSNorm)::
 
     layernorm:  y = (x - mean(x)) / sqrt(var(x) + eps) * g + b      g, b in R^d
     rmsnorm:    y = x / sqrt(mean(x^2) + eps) * g                   g in R^d   (baseline)

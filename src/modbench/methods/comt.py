@@ -1,24 +1,24 @@
 """CoMT / Transponder: token-wise contextual modulators on the linear projections.
 
-Equation (METHODS.md E8; seeds/000_*), for each modulated linear layer y = W x::
+Equation (docs/sources.md#comt), for each modulated linear layer y = W x::
 
     y' = m(x) * y,    m(x) = 2 sigmoid(W_2 silu(W_1 x))
     W_1: d_in -> hidden,   W_2: hidden -> d_out   (per token and per output channel)
 
 Citation: CoMT, preprints.org 202506.0120 (v1 "CoMT", v2 "Transponder"; OpenReview
-GJ9gHw8kan); Tables 3-5 of seeds/000_*.
+GJ9gHw8kan); Tables 3-5 of the preprint's v1.
 
 Init: W_2 = 0, so m(x) = 2 sigmoid(0) = 1 and the modulated model equals the unmodulated one
 at initialisation; W_1 ~ N(0, init_std^2). The modulator weights are plain parameters drawn
 in the component pass (``modbench_init``) *after* the generic pass, so a ``comt`` model at a
 given seed has exactly the baseline's weights (same seed, same draws) plus its modulators.
 
-Options: ``modules`` (seeds/000_* Table 4): ``all`` (q k v o gate up down), ``self_attention``
+Options: ``modules`` (the preprint's Table 4): ``all`` (q k v o gate up down), ``self_attention``
 (q k v o; ``self-attention`` is accepted), ``mlp`` (gate up down), ``only_first`` (q k v gate
 up), ``only_last`` (o down), ``only_qk`` (q k); ``hidden`` (Table 5): the modulator width,
 2 by default (4, 8, 16, 32 in the ablation). The LM head is never modulated.
 
-Choices of our own (no code or exact equation is public; METHODS.md [unverified]): the
+Choices of our own (no code or exact equation is public; an unverified reading): the
 modulator reads the projection's input x; SiLU between the two maps; no biases; the gate
 2 sigmoid(.) (range (0, 2)); channel-wise output (``hidden -> d_out``), since the paper
 rescales "at token and channel granularity".

@@ -1,6 +1,6 @@
 """Pre-CRMSNorm: a Pre-LN Transformer with a zero-mean residual stream stored in d - 1 dims.
 
-Equation (METHODS.md D4; Jiang et al.'s ``customized_layer.py``)::
+Equation (docs/sources.md#crmsnorm; Jiang et al.'s ``customized_layer.py``)::
 
     CRMSNorm(x) = x / sqrt((||x||^2 + (sum_i x_i)^2) / d + eps),     x in R^(d-1)
 

@@ -1,6 +1,6 @@
 """DeepNorm (DeepNet): Post-LN with an up-weighted residual and down-scaled initialisation.
 
-Equation (METHODS.md C6), for each sublayer F::
+Equation (docs/sources.md#deepnorm), for each sublayer F::
 
     x_{l+1} = N(alpha * x_l + F(x_l)),   alpha = (2 N)^(1/4)      (decoder-only, N = L blocks)
 

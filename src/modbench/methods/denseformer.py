@@ -1,6 +1,7 @@
 """DenseFormer: a depth-weighted average (DWA) of all earlier block outputs after each block.
 
-Equation (METHODS.md E2, seeds/002_* Appendix B.9), blocks i = 0 .. L-1 (0-based)::
+Equation (docs/sources.md#denseformer, arXiv 2605.20798 Appendix B.9), blocks i = 0 .. L-1
+(0-based)::
 
     X_0     = the embedding (after the embedding norm site)
     X_{i+1} = Block_i(x_i)                     the block's output (standard residual inside)

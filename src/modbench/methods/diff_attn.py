@@ -1,6 +1,6 @@
 """Differential Transformer: the difference of two softmax attention maps per head.
 
-Equation (METHODS.md A8, seeds/002_* Appendix B.7), layout of the official
+Equation (docs/sources.md#diff-attn, arXiv 2605.20798 Appendix B.7), layout of the official
 ``multihead_diffattn.py``: the baseline's H query heads of width d_h form H/2 differential
 heads, q heads (2i, 2i+1) being the two halves of diff-head i; likewise the KV heads form
 H_kv/2 pairs, and the values of a pair are concatenated to width 2 d_h::

@@ -1,6 +1,6 @@
 """Dynamic Tanh (DyT): an element-wise replacement for the norm layers.
 
-Equation (METHODS.md D1)::
+Equation (docs/sources.md#dyt)::
 
     DyT(x) = g * tanh(alpha * x) (+ b)      alpha a learnable scalar per norm, g (b) in R^d
 

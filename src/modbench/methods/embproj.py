@@ -1,6 +1,6 @@
 """Learnable embedding projections (EmbProj, from Outlier-Safe Pre-Training).
 
-Equations (METHODS.md D5, "Context"), with ``E`` the token embedding, ``N_e`` the module at the
+Equations (docs/sources.md#embproj), with ``E`` the token embedding, ``N_e`` the module at the
 ``embed`` norm site (Identity in the baseline), ``N_f`` the final norm and ``W`` the LM head::
 
     x0     = N_e( E[t] P_in^T )                    P_in  in R^{d x d}, right after the embedding

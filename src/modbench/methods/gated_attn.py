@@ -1,6 +1,6 @@
 """Gated Attention: a sigmoid gate on each head's attention output, before W_o.
 
-Equation (METHODS.md A9, seeds/002_* Appendix B.17)::
+Equation (docs/sources.md#gated-attn, arXiv 2605.20798 Appendix B.17)::
 
     Y'_h = Y_h * sigmoid(X W_theta)_h          Y_h: head h's SDPA output, (B, T, d_h)
     out  = W_o concat_h Y'_h

@@ -1,6 +1,6 @@
 """GeGLU: the gated FFN with GELU in place of SiLU.
 
-Equation (METHODS.md B1, seeds/002_* Appendix B.12)::
+Equation (docs/sources.md#geglu, arXiv 2605.20798 Appendix B.12)::
 
     FFN(x) = W_down( GELU(W_gate x) * W_up x )
 

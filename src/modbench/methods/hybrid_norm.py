@@ -1,6 +1,6 @@
 """HybridNorm: QKV-normalised attention without an input norm, Post-LN around the FFN.
 
-Equations (METHODS.md C5)::
+Equations (docs/sources.md#hybrid-norm)::
 
     attention:  x' = x + Attn_QKV(x),   q, k, v = N_h(x W_q), N_h(x W_k), N_h(x W_v)
                                          (per-head RMSNorm over d_h, then RoPE on q and k)

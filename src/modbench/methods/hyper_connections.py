@@ -1,9 +1,10 @@
 """Hyper-Connections: n residual lanes with input-side mixing and output-side re-mixing;
 and the seed study's output-side two-lane variant.
 
-``hyper_connections`` (METHODS.md E3; Zhu et al., Alg. 1 and 2 of App. J). The stream is
-H in R^{n x d} per token, H^0 = (x_0, ..., x_0) (n copies of the embedding). Each sublayer T_k
-(k = 0 .. 2L-1 counts attention and FFN sublayers separately) keeps its own pre-norm and::
+``hyper_connections`` (docs/sources.md#hyper-connections; Zhu et al., Alg. 1 and 2 of App. J).
+The stream is H in R^{n x d} per token, H^0 = (x_0, ..., x_0) (n copies of the embedding). Each
+sublayer T_k (k = 0 .. 2L-1 counts attention and FFN sublayers separately) keeps its own
+pre-norm and::
 
     width connection:  h_in = A_m(H)^T H                    (A_m in R^{n x 1})
                        H_r  = A_r(H)^T H                    (A_r in R^{n x n})
@@ -46,7 +47,7 @@ Choices of our own:
   eps, so the Pre-Norm-equivalent init would not be exactly the baseline. The mean is.
 - The norm inside DHC is RMSNorm without a gain (the paper: LayerNorm; lucidrains: RMSNorm
   with a gain). A gain before Hbar W is a reparametrisation of W's rows; without it the
-  parameter count is METHODS.md's n(n+1)+n + d(n+1)+d (+ the two scales).
+  parameter count is the paper's n(n+1)+n + d(n+1)+d (+ the two scales).
 - The static mixing weights are stored as 1-D tensors (reshaped in the forward), so the
   recipe's matrix-only weight decay does not pull the identity init towards zero; the
   dynamic W matrix is decayed like every other matrix.
@@ -62,7 +63,7 @@ activations) and its branch output (for the gradient of B); DHC computes Hbar W 
 (H W) / rms(H), the same numbers, so it does not keep Hbar as well. See
 ``benchmarks/stream_memory.py``.
 
-``hyper_connections_2lane`` (seeds/002_* Appendix B.11; the seed study's variant, kept so the
+``hyper_connections_2lane`` (arXiv 2605.20798 Appendix B.11; the seed study's variant, kept so the
 study can be reproduced). A fast lane x is the standard residual (any merge, any placement);
 a slow lane s is an exponential moving average of the sublayer outputs; the slow lane is
 added to the stream with a learnable weight w_k that starts at 0::
@@ -251,7 +252,7 @@ class HyperConnections(Method):
 
 class TwoLaneStream(Stream):
     """Fast lane = the standard residual; slow lane = EMA of sublayer outputs, added to the
-    stream with a weight that starts at zero (seeds/002_* B.11)."""
+    stream with a weight that starts at zero (arXiv 2605.20798 B.11)."""
 
     def __init__(self, n_layers: int, rate: float) -> None:
         super().__init__()
@@ -298,7 +299,7 @@ class HyperConnections2Lane(Method):
     name = "hyper_connections_2lane"
     category = "residual"
     citation = ("Zhu et al. 2025, Hyper-Connections (ICLR 2025); the output-side two-lane "
-                "variant of seeds/002_* Appendix B.11")
+                "variant of arXiv 2605.20798 Appendix B.11")
     summary = ("Standard residual plus a slow EMA lane of sublayer outputs, added with a "
                "learnable weight that starts at 0.")
 

@@ -1,8 +1,8 @@
 """LAUREL: learned augmented residual connections (``laurel_rw``, ``laurel_lr``, ``laurel_pa``
 and any combination of them, e.g. ``laurel_rw+laurel_lr``).
 
-Equations (METHODS.md E5; Menghani et al. 2025, Sections 2.1-2.4), for sublayer i with input
-x_i (the stream value), branch output f(x_i) and merge result x_{i+1}::
+Equations (docs/sources.md#laurel; Menghani et al. 2025, Sections 2.1-2.4), for sublayer i with
+input x_i (the stream value), branch output f(x_i) and merge result x_{i+1}::
 
     RW:        x_{i+1} = alpha f(x_i) + beta x_i                          (2.1)
     LR:        x_{i+1} = f(x_i) + x_i + B A x_i                           (2.2, eq. 3)
@@ -44,7 +44,7 @@ Choices of our own:
   the inputs of the previous sublayers (the stream values, ``state.inputs[-j]``, back
   to the embedding), so one block holds two PA steps. A PA merge declares how many it reads
   (``inputs_kept``), and the model's state keeps that many (``model/stream.py``).
-- PA sums over the k *previous* activations x_{i-1} ... x_{i-k} (METHODS.md's sum over
+- PA sums over the k *previous* activations x_{i-1} ... x_{i-k} (a sum over
   j < i); the paper's sum also has a j = 0 term gamma_{i,0} h_i(x_i), which here is LR's
   job, so that PA and LR combine without two terms doing the same thing. Sublayer i has
   min(k, i) gamma's (the first sublayer none, and no h_i), so every parameter is used.

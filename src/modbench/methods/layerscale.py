@@ -1,14 +1,14 @@
 """LayerScale: a learnable per-channel gate on each residual branch.
 
-Equation (METHODS.md E1, seeds/002_* Appendix B.10)::
+Equation (docs/sources.md#layerscale, arXiv 2605.20798 Appendix B.10)::
 
     x' = x + diag(lambda) F(N(x)),   lambda in R^d, one vector per sublayer
 
 Citation: Touvron et al. 2021, "Going deeper with Image Transformers" (CaiT).
 
 Init: lambda = eps everywhere, with CaiT's depth rule when ``init`` is not given:
-eps = 0.1 for depth <= 18, 1e-5 for depth <= 24, 1e-6 deeper (the rule as METHODS.md
-recalls it; seeds/002_* B.10 says only that the value "matches the CaiT paper").
+eps = 0.1 for depth <= 18, 1e-5 for depth <= 24, 1e-6 deeper (the rule as recalled
+from the paper; arXiv 2605.20798 B.10 says only that the value "matches the CaiT paper").
 Depth is the number of blocks, L.
 
 Slots: fills ``merge`` (the residual merge of each sublayer). Parameters: 2 d per block.

@@ -1,6 +1,6 @@
 """LayerNorm Scaling ("The Curse of Depth"): scale each sublayer's normalised input by 1/sqrt(l).
 
-Equation (METHODS.md C7), Pre-LN with l = layer index + 1 (1-based)::
+Equation (docs/sources.md#ln-scaling), Pre-LN with l = layer index + 1 (1-based)::
 
     h = x + Attn(N(x) / sqrt(l)),   y = h + FFN(N(h) / sqrt(l))
 

@@ -1,6 +1,6 @@
 """Mix-LN: Post-LN in the first layers, Pre-LN in the rest.
 
-Equation (METHODS.md C4): with ``n_post = floor(fraction * L)``::
+Equation (docs/sources.md#mix-ln): with ``n_post = floor(fraction * L)``::
 
     layers l < n_post:   h = N(x + Attn(x));   y = N(h + FFN(h))        (Post-LN, C1)
     layers l >= n_post:  h = x + Attn(N(x));   y = h + FFN(N(h))        (Pre-LN)

@@ -1,6 +1,6 @@
 """nGPT: the normalized Transformer, complete (representation learning on the hypersphere).
 
-Equations (METHODS.md E6; every fact from ``NVIDIA/ngpt`` ``model.py``), with
+Equations (docs/sources.md#ngpt; every fact from ``NVIDIA/ngpt`` ``model.py``), with
 norm(x) = x / ||x||_2 over the last dimension::
 
     embeddings, matrices   unit norm along d: rows of E_in, W_q, W_k, W_v, W_gate, W_up and of

@@ -1,6 +1,6 @@
 """Outlier-Safe Pre-Training (OSP): SSNorm + learnable embedding projections + Muon.
 
-Equations (METHODS.md D5): every norm is single-scale RMSNorm ``x / RMS(x) * s`` (``ssnorm``,
+Equations (docs/sources.md#osp): every norm is single-scale RMSNorm ``x / RMS(x) * s`` (``ssnorm``,
 one scalar per norm, the final norm included), the embedding and the head get the orthogonally
 initialised projections of ``embproj``::
 

@@ -1,6 +1,6 @@
 """Sandwich norm and Peri-LN: a norm on both sides of every sublayer.
 
-Equations (METHODS.md C2, C3), for each sublayer F (attention, FFN)::
+Equations (docs/sources.md#sandwich, C3), for each sublayer F (attention, FFN)::
 
     sandwich:  h = x + N_post(F(N_pre(x)))                       final norm kept
     peri_ln:   h = x + N_out(F(N_in(x))),  x_0 = N_emb(embed(t))  final norm kept
@@ -16,7 +16,7 @@ Slots: ``placement`` only (sites ``attn.pre``, ``attn.post``, ``ffn.pre``, ``ffn
 ``sandwich+layernorm`` or ``peri_ln+dyt`` work.
 
 Choices of our own: the two are the same block; they differ only in the embedding norm,
-which Peri-LN's paper configuration adds (METHODS.md marks it [recall]). CogView's PB-relax
+which Peri-LN's paper configuration adds (recalled, not checked in code). CogView's PB-relax
 (an fp16 trick) is not used. Sandwich keeps the final norm, as Gemma-2 does.
 Parameters: sandwich +2 d per block (two output norms); Peri-LN also + d (embedding norm).
 """

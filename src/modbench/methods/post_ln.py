@@ -1,6 +1,6 @@
 """Post-LN: the original Transformer's norm placement.
 
-Equation (METHODS.md C1)::
+Equation (docs/sources.md#post-ln)::
 
     h = N(x + Attn(x))
     y = N(h + FFN(h))

@@ -1,7 +1,7 @@
 """PowerNorm: batch quadratic-mean normalization with running statistics and an
 approximate backward pass.
 
-Equations (METHODS.md D6; sIncerass/powernorm ``MaskPowerNorm``), per channel c, on the
+Equations (docs/sources.md#powernorm; sIncerass/powernorm ``MaskPowerNorm``), per channel c, on the
 tokens of a batch flattened to (N = B T, C)::
 
     group scaling:  x <- x / sqrt(mean_{group}(x^2) + eps)      per token, per channel group
@@ -30,7 +30,7 @@ running psi^2 only: causal, no leak, and different from training-mode outputs.
 Step: the warm-up counts optimizer steps, given by the trainer through a callback
 (``StepCallback``); outside the trainer a module stays at step 0 (warm-up) unless
 ``modbench_set_step`` is called. Choices of our own: ``groups`` defaults to n_heads
-(METHODS.md; the class default is 1); ``warmup`` defaults to the class's 10,000 (longer
+(the paper's code; the class default is 1); ``warmup`` defaults to the class's 10,000 (longer
 than every CPU run: those train with batch statistics throughout). Statistics are in
 float32. The original used PN in the MT encoder only; here it is a norm type at every
 site the placement enables.

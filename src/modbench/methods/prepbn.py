@@ -1,6 +1,6 @@
 """PRepBN: progressive replacement of the norm by re-parameterised BatchNorm.
 
-Equations (METHODS.md D7; SLAB ``LinearNorm`` and ``RepBN``)::
+Equations (docs/sources.md#prepbn; SLAB ``LinearNorm`` and ``RepBN``)::
 
     RepBN(x)  = BN(x) + eta * x             BN over all B T tokens per channel, eta a scalar
     PRepBN(x) = lambda N(x) + (1 - lambda) RepBN(x)          (training mode)

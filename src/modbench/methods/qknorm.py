@@ -1,6 +1,6 @@
 """QK-Norm: RMSNorm on queries and keys before RoPE.
 
-Equation (METHODS.md A1, seeds/002_* Appendix B.3)::
+Equation (docs/sources.md#qknorm, arXiv 2605.20798 Appendix B.3)::
 
     q = N_q(x W_q),  k = N_k(x W_k),  then RoPE,  then softmax(q k^T / sqrt(d_h)) v
 

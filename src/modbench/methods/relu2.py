@@ -1,6 +1,6 @@
 """ReLU^2: the non-gated two-matrix FFN of Primer, widened to the SwiGLU parameter count.
 
-Equation (METHODS.md B2, seeds/002_* Appendix B.16)::
+Equation (docs/sources.md#relu2, arXiv 2605.20798 Appendix B.16)::
 
     FFN(x) = W_down( ReLU(W_up x)^2 ),   hidden width h = 3/2 d_ff
 

@@ -1,7 +1,8 @@
 """SE + token mixing decoder layer: adaptive RMSNorm, causal depthwise token mixing before
 attention, and causal squeeze-and-excitation on the MLP output.
 
-Equations (METHODS.md E9; our causal reading of the model card), per block, positions t::
+Equations (docs/sources.md#se-token-mix; our causal reading of the model card), per block,
+positions t::
 
     norm:   N(x)_t = g (1 + tanh(W_c c_t)) x_hat_t,  c_t = mean_{s<=t} x_hat_s   (adaptive
             RMSNorm, the ``adaptive_rmsnorm`` module, at every norm site)
@@ -16,7 +17,7 @@ Equations (METHODS.md E9; our causal reading of the model card), per block, posi
     out:    x'' = x' + y'
 
 Citation: the Hugging Face model card ``Josephgflowers/Liquid-Metal-Tinyllama-Test-1``
-(seeds/004_*: ``ModifiedLlamaDecoderLayer``: "Adaptive RMSNorm" -> "Token Mixing" (a
+(the model card: ``ModifiedLlamaDecoderLayer``: "Adaptive RMSNorm" -> "Token Mixing" (a
 depthwise convolution across tokens) -> attention and "Post-Attention Adaptive RMSNorm" ->
 MLP -> "SEBlock" (channel recalibration ``x * sigma(W_2 ReLU(W_1 pool(x)))``)); its script is
 not public and there is no paper. Squeeze-and-excitation: Hu, Shen, Sun 2018.

@@ -1,6 +1,6 @@
 """SeeDNorm: self-rescaled dynamic normalization.
 
-Equation (METHODS.md D2)::
+Equation (docs/sources.md#seednorm)::
 
     SeeDNorm(x) = [tanh(x . beta) * alpha + gamma] * x / RMS(x)
 
@@ -12,7 +12,7 @@ RMS(x) = sqrt(mean(x^2) + eps) over the whole vector.
 Citation: Cai, Zhu et al. 2026, "SeeDNorm: Self-Rescaled Dynamic Normalization" (ICLR 2026,
 arXiv 2510.22777); no public code.
 
-Init (not stated in public sources; our choice, METHODS.md [unverified]): gamma = 1,
+Init (not stated in public sources; our choice, unverified): gamma = 1,
 beta = 0, alpha = 1, so SeeDNorm equals RMSNorm at initialisation while both beta (through
 alpha) and alpha (through tanh) get gradients; alpha = beta = 0 would give zero gradients.
 

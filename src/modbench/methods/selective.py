@@ -1,7 +1,7 @@
 """Selective Attention: a token can mask earlier tokens for all later queries.
 
-Equation (METHODS.md A2, the paper's reference listing; seeds/002_* Appendix B.4), per
-layer, with ``A_h = q_h k^T / sqrt(d_h)`` the scaled logits of head h::
+Equation (docs/sources.md#selective, the paper's reference listing; arXiv 2605.20798 Appendix
+B.4), per layer, with ``A_h = q_h k^T / sqrt(d_h)`` the scaled logits of head h::
 
     S      = ReLU(A_0)                 selection logits of query head 0, causal entries only
     S[:, 0] = 0                        the BOS column is never masked

@@ -1,6 +1,6 @@
 """Sigmoid attention: element-wise sigmoid of the logits instead of a row softmax.
 
-Equation (METHODS.md A6, seeds/002_* Appendix B.5)::
+Equation (docs/sources.md#sigmoid, arXiv 2605.20798 Appendix B.5)::
 
     y_i = sum_{j <= i} sigmoid(q_i . k_j / sqrt(d_h) + b - log n) v_j
 

@@ -1,6 +1,6 @@
 """Softmax-Cap: element-wise capping of the pre-softmax attention logits.
 
-Equation (METHODS.md A3, seeds/002_* Appendix B.13), on the scaled logits
+Equation (docs/sources.md#softcap, arXiv 2605.20798 Appendix B.13), on the scaled logits
 ``s = q k^T / sqrt(d_h)`` before the causal mask and the softmax::
 
     hard (default):  s' = clamp(s, -c, c)
@@ -8,7 +8,7 @@ Equation (METHODS.md A3, seeds/002_* Appendix B.13), on the scaled logits
     y = softmax(s' + causal) v
 
 Citation: Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size"
-(attention logit soft-capping, c = 50); seeds/002_* Appendix B.13 (element-wise clipping).
+(attention logit soft-capping, c = 50); arXiv 2605.20798 Appendix B.13 (element-wise clipping).
 
 Init: none; ``c`` is a fixed hyperparameter (no parameters, extra FLOPs 0: element-wise).
 

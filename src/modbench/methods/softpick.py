@@ -1,6 +1,7 @@
 """Softpick: rectified softmax, no renormalisation.
 
-Equation (METHODS.md A7, seeds/002_* Appendix B.2), row-wise over the visible keys j::
+Equation (docs/sources.md#softpick, arXiv 2605.20798 Appendix B.2), row-wise over the visible
+keys j::
 
     softpick(x)_i = ReLU(exp(x_i) - 1) / (sum_j |exp(x_j) - 1| + eps),   eps = 1e-8
     y = softpick(q k^T / sqrt(d_h), causal) v

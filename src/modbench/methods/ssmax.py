@@ -1,6 +1,6 @@
 """Scalable-Softmax (SSMax): logits scaled by s * log n, n the number of visible keys.
 
-Equation (METHODS.md A4, seeds/002_* Appendix B.6)::
+Equation (docs/sources.md#ssmax, arXiv 2605.20798 Appendix B.6)::
 
     SSMax(z)_j = n^(s z_j) / sum_j' n^(s z_j') = softmax((s_h log n) z)_j
     y_i = softmax(s_h log(i + 1) * q_i k^T / sqrt(d_h) + causal) v

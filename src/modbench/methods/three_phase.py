@@ -2,7 +2,7 @@
 
 The hidden vector x in R^d is split into N equal channels x_0 .. x_{N-1} (each c = d / N
 wide; channel i is the contiguous block of dims [i c, (i + 1) c)). Four phase-respecting
-operations (METHODS.md F; seeds/001_* abstract; arXiv 2604.14430)::
+operations (docs/sources.md#three-phase; arXiv 2604.14430's abstract)::
 
     (1) per-channel RMSNorm, at every norm site the placement enables:
             y_i = x_i / sqrt(mean(x_i^2) + eps) * g_i          (RMS over each channel's c dims;

@@ -1,7 +1,8 @@
 """TokenFormer: Pattention layers (token-parameter attention) in place of the projections and
 the FFN, and growth by appending parameter tokens.
 
-Equation (METHODS.md E7; ``Haiyang-W/TokenFormer`` ``megatron/model/tokenformer.py``)::
+Equation (docs/sources.md#tokenformer; ``Haiyang-W/TokenFormer``
+``megatron/model/tokenformer.py``)::
 
     Pattention(X) = Theta(X K_P^T) V_P,   K_P in R^(n x d_in), V_P in R^(n x d_out)
 

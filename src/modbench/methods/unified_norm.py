@@ -29,7 +29,7 @@ The evaluation form is affine, so :func:`fuse_unified_norms` folds it into the l
 that read the norm's output: W' = W diag(gamma / sqrt(psi^2_run + eps)), b' = b + W beta.
 
 Citation: Yang, Zhang, Lan, Yang, Li, Tan, Xiao, Pu 2022, "Unified Normalization for
-Accelerating and Stabilizing Transformers" (ACM MM 2022); seeds/001_*; code
+Accelerating and Stabilizing Transformers" (ACM MM 2022), arXiv 2208.01313; code
 hikvision-research/Unified-Normalization.
 
 Init: gamma = 1, beta = 0, psi^2_run = 1, Gamma = 0, both buffers 0, t = 0.

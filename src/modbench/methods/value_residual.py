@@ -1,6 +1,6 @@
 """Value Residual (ResFormer): every layer's values mixed with the first layer's values.
 
-Equation (METHODS.md A5, seeds/002_* Appendix B.8)::
+Equation (docs/sources.md#value-residual, arXiv 2605.20798 Appendix B.8)::
 
     layer 1:      V_1 = x_1 W_v^1                   (stored for the later layers)
     layer n > 1:  V_n <- lam_n V_1 + (1 - lam_n) V_n,   then attention as usual

@@ -5,7 +5,7 @@ study package loads a study folder's results and calls :func:`write_report`.
 Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), ``results.csv``
 (one row per run), ``results.json`` (the statistics per method and scale) and the PNGs.
 
-The views follow seeds/002_*: Table 2 (seeds, steps and tokens per method, metric, Δ, z, the
+The views follow arXiv 2605.20798: Table 2 (seeds, steps and tokens per method, metric, Δ, z, the
 test used with t and df, significance under Bonferroni, Holm and Benjamini–Hochberg, verdict,
 parameters, FLOPs/token), Table 3 (ranks across scales with Spearman's ρ), Table 6
 (divergences and stalls: status, step, last finite validation loss against the unigram level,
@@ -53,7 +53,7 @@ from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves, is_storage_error, write_failure
 
 #: Fewer finite seeds than this for any configuration at a scale: the report warns (the seed
-#: protocol's noise floor runs three seeds per reference configuration, seeds/002_* §3.3).
+#: protocol's noise floor runs three seeds per reference configuration, arXiv 2605.20798 §3.3).
 MIN_SEEDS = 3
 #: A baseline run whose validation loss fell by more than this fraction of its value between
 #: its last two validation points was still far from converged: the report warns.
@@ -315,7 +315,7 @@ def budget_warnings(results: StudyResults) -> list[str]:
                    "verdicts)")
     if few:
         out.append(f"Fewer than {MIN_SEEDS} finite seeds, short of the seed protocol's "
-                   f"{MIN_SEEDS} per configuration (seeds/002 §3.3): " + "; ".join(few)
+                   f"{MIN_SEEDS} per configuration (arXiv 2605.20798 §3.3): " + "; ".join(few)
                    + ". Verdicts resting on so few seeds are provisional.")
     stopped = [r for r in rows if r.state == "done" and not r.diverged and r.steps is not None
                and r.steps_planned is not None and r.steps < r.steps_planned]
