@@ -216,3 +216,28 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert c2["added_seeds"] == 0 and len(read_looks(out)["tiny"]) == len(looks)
     with pytest.raises(ModbenchError, match="planned for --until-decided 6"):
         runner.run_study(spec, out, until_decided=8, progress=False)
+
+
+def test_a_gap_left_by_an_unfinished_run_is_filled_first(tmp_path: Path) -> None:
+    """The seeds a look asks for are the method's next numbers, an earlier wave's unfinished
+    seed first (here qknorm's 3, while 4 finished)."""
+    from modbench.study.runner import _undecided_runs
+    from modbench.study.spec import load_spec
+    from modbench.study.store import Store
+
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
+        "name": "gap", "baseline": "baseline", "methods": ["qknorm"],
+        "seeds": {"default": [0, 1, 2], "noise_floor": [0, 1, 2], "anchors": []},
+        "scales": ["tiny"], "overrides": ["train.steps=4"], "evaluation": {"probes": False}}))
+    spec = load_spec(tmp_path / "spec.yaml")
+    store = Store(tmp_path)
+    done = [("baseline", s) for s in range(6)] + [("qknorm", s) for s in (0, 1, 2, 4)]
+    for method, seed in done:
+        key = f"{method}-{seed}"
+        store.register(key, "tiny", method, seed)
+        assert store.claim(key)
+        store.finish(key, {"status": "completed", "stalled_at_step": None,
+                           "final_val_loss": loss_of("baseline", seed)}, None)
+    store.register("qknorm-3", "tiny", "qknorm", 3)  # its wave was cut: never finished
+    new = _undecided_runs(spec, tmp_path, cap=6)
+    assert [(r.method, r.seed) for r in new] == [("qknorm", 3)]

@@ -50,6 +50,27 @@ from modbench.study.progress import StudyProgress, views_for
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
 from modbench.study.store import Store, StoreWriteError
 
+#: The study's inductor cache (TORCHINDUCTOR_CACHE_DIR), under its folder (docs/studies.md)
+COMPILE_CACHE = ".cache/inductor"
+
+
+def share_compile_cache(out: str | Path) -> Any:
+    """One torch.compile cache (inductor's FX graphs, AOTAutograd entries and kernels) for
+    every worker and run of the study in ``out``: ``TORCHINDUCTOR_CACHE_DIR`` set to
+    ``out/.cache/inductor`` before any worker starts (spawned workers, and the jobs the
+    cluster executors start from this environment, inherit it), so a run whose graph another
+    run already compiled loads it warm instead of compiling cold. A cache directory the user
+    set is kept. Returns what restores this process's environment."""
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    before = os.environ.get(key)
+    if before is None:
+        os.environ[key] = str((Path(out) / COMPILE_CACHE).resolve())
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(key, None)
+    return restore
+
 
 def auto_workers() -> int:
     """``--workers`` left out: one worker per usable CPU core (at most 8; the process's affinity
@@ -344,8 +365,13 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     from modbench.train.trackers import check_trackers
 
     check_trackers(dict.fromkeys(t for r in runs for t in r.config.train.trackers))
-    ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
     fresh = not Path(out).exists()  # a study refused before any run started leaves nothing
+    restore_env = share_compile_cache(out)  # before any worker starts
+    try:
+        ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
+    except BaseException:
+        restore_env()
+        raise
     try:
         store = Store(out)
         atomic_write_text(Path(out) / "spec.yaml",
@@ -376,6 +402,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         raise
     finally:
         ex.close()
+        restore_env()
     counts["failures"] = failures
     return counts
 
@@ -423,8 +450,10 @@ def _undecided_runs(spec: StudySpec, out: str | Path, cap: int,
                     spending: str = "obrien_fleming") -> list[RunSpec]:
     """One look of the group-sequential design at each scale
     (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule): the new
-    seeds it asks for, the look recorded in the study folder (``LOOKS_FILE``). A scale whose
-    last look asked for nothing and whose seeds have not changed since gets no new look."""
+    seeds it asks for (a method's next seed numbers above its first, a gap first: a run of an
+    earlier wave left unfinished), the look recorded in the study folder (``LOOKS_FILE``). A
+    scale whose last look asked for nothing and whose seeds have not changed since gets no new
+    look."""
     from modbench.analysis.results import (
         ALPHA,
         LOOKS_FILE,
@@ -460,8 +489,14 @@ def _undecided_runs(spec: StudySpec, out: str | Path, cap: int,
                                                  list(spec.seeds.anchors), table))
         history.append(look)
         for method, k in look.add.items():
-            first = max(table[method]) + 1 if table.get(method) else 0
-            new += [run_spec(spec, scale, method, first + i) for i in range(k)]
+            have = set(table.get(method) or ())
+            # the next seeds above the first (a gap: a run of an earlier wave left unfinished)
+            seed, seeds = (min(have) + 1 if have else 0), []
+            while len(seeds) < k:
+                if seed not in have:
+                    seeds.append(seed)
+                seed += 1
+            new += [run_spec(spec, scale, method, s) for s in seeds]
     if any(looks.values()):
         atomic_write_text(Path(out) / LOOKS_FILE, looks_json(looks))
     return new
