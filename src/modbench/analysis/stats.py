@@ -1457,10 +1457,12 @@ def sequential_look(
       information fraction ``t_k`` (:func:`information_fraction` of the open methods' seeds
       against the baseline's, never below the previous look's) and tests with
       ``alpha_k = alpha_spent(t_k) - alpha_spent(t_{k-1})``, the alpha spent at that look. The
-      looks' alphas add up to at most ``alpha``, so by the union bound over looks the
-      family-wise false-positive rate stays at most ``alpha`` however the looks' statistics
-      correlate (conservative: exact boundaries would use that correlation). When everything
-      open has ``cap`` seeds, t = 1 and the last look spends what is left.
+      looks' alphas add up to at most ``alpha``: with look times fixed in advance the union
+      bound over looks keeps the family-wise false-positive rate at most ``alpha`` however the
+      looks' statistics correlate (conservative: exact boundaries would use that correlation);
+      the timing here depends a little on the data, which tests/analysis/test_sequential_sim.py
+      measures. When everything open has ``cap`` seeds, t = 1 and the last look spends what
+      is left.
     * **The verdict's own test**: the look is :func:`compare` at ``alpha_k`` (Holm family,
       pooled t or Welch, Fisher tests, |Δ| guard: ``compare_kw`` as the report passes them).
       A method it calls improver or degrader is decided at this look and gets no more seeds.
