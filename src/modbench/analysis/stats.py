@@ -42,6 +42,10 @@ I/O. ``docs/statistics.md`` states every rule; the short version:
   test's Bonferroni-simultaneous interval for delta (``ci``) and its minimum detectable effect
   at 80 % power (``mde``, ``mde_sigma``). ``fewer_seeds`` marks a method with fewer finite
   seeds than the baseline.
+* **Sequential seeds** (``study run --until-decided``): :func:`sequential_look` is one look of
+  a group-sequential design, :func:`compare` at the alpha the look spends (Lan & DeMets 1983
+  spending, :func:`alpha_spent`), the baseline's seeds first; :func:`sequential_verdicts`
+  gives the final verdicts at the alpha spent at the last look.
 * **Bootstrap.** Percentile intervals from ``n_resamples`` (default 10,000) resamples of the
   seeds with replacement, ``np.random.default_rng(seed)`` created afresh for every method (so
   a method's interval does not depend on the other methods in the table). Paired (one index

@@ -353,12 +353,13 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     the looks are kept in the study folder (``analysis.results.LOOKS_FILE``) and the report
     judges the study by them.
     """
-    from modbench.analysis.stats import SPENDING
+    if until_decided is not None:
+        from modbench.analysis.stats import SPENDING
 
-    if until_decided is not None and (until_decided < 2 or spending not in SPENDING):
-        raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
-                            f"{until_decided}) and --spending one of {', '.join(SPENDING)} "
-                            f"(got {spending!r})")
+        if until_decided < 2 or spending not in SPENDING:
+            raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
+                                f"{until_decided}) and --spending one of "
+                                f"{', '.join(SPENDING)} (got {spending!r})")
     runs = expand(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
