@@ -26,7 +26,7 @@ import modbench.data.prepare as prep
 from modbench.cli import run_cli
 from modbench.data import is_validation_document, open_dataset, train_bpe
 from modbench.data.cli import data_app
-from modbench.data.recipes import prepare_recipe, recipe_options, train_recipe_tokenizer
+from modbench.data.corpora import prepare_recipe, recipe_options, train_recipe_tokenizer
 from modbench.data.sources import SourceUnavailable, open_source
 from modbench.errors import ModbenchError
 
@@ -312,7 +312,7 @@ def test_resume_after_interrupt_equals_uninterrupted(
 _KILLED_CHILD = """
 import os, signal, sys
 import modbench.data.prepare as prep
-from modbench.data.recipes import prepare_recipe
+from modbench.data.corpora import prepare_recipe
 prep.CHECKPOINT_SECONDS, prep._ENCODE_BATCH_DOCS = 0.0, 8
 real, n = prep._SplitWriter._write_rows, [0]
 def write(self, rows):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modbench.data._fs import cache_dir
+    from modbench.data.corpora import CORPORA, prepare_recipe, train_tokenizer
     from modbench.data.corpus import (
         builtin_corpus_fingerprint,
         builtin_documents,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
         parse_token_count,
         prepare_dataset,
     )
-    from modbench.data.recipes import RECIPES, prepare_recipe, train_tokenizer
     from modbench.data.sources import iter_documents, iter_hf_documents, open_source
     from modbench.data.tokenizer import (
         EOS_TOKEN,
@@ -57,7 +57,7 @@ _WHERE = {
     "FORMAT": "prepare",
     "FORMAT_VERSION": "prepare",
     "MIN_VOCAB_SIZE": "tokenizer",
-    "RECIPES": "recipes",
+    "CORPORA": "corpora",
     "TokenDataset": "dataset",
     "builtin_corpus_fingerprint": "corpus",
     "builtin_dataset": "prepare",
@@ -76,21 +76,21 @@ _WHERE = {
     "open_source": "sources",
     "parse_token_count": "prepare",
     "prepare_dataset": "prepare",
-    "prepare_recipe": "recipes",
+    "prepare_recipe": "corpora",
     "tokenizer_sha256": "tokenizer",
     "tokenizer_vocab_size": "tokenizer",
     "train_bpe": "tokenizer",
-    "train_tokenizer": "recipes",
+    "train_tokenizer": "corpora",
 }
 
 
 __all__ = [
+    "CORPORA",
     "DEFAULT_SHARD_SEQUENCES",
     "EOS_TOKEN",
     "FORMAT",
     "FORMAT_VERSION",
     "MIN_VOCAB_SIZE",
-    "RECIPES",
     "TokenDataset",
     "builtin_corpus_fingerprint",
     "builtin_dataset",

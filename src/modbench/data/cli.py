@@ -121,7 +121,7 @@ def prepare_cmd(
 
     Example: modbench data prepare --recipe climbmix --tokenizer data/climbmix-tokenizer --max-tokens 23.28B --workers 8 --out data/climbmix-1.2b
     """  # noqa: E501
-    from modbench.data.recipes import prepare_recipe
+    from modbench.data.corpora import prepare_recipe
 
     meta = prepare_recipe(
         recipe, out, source=source, tokenizer=tokenizer, vocab_size=vocab_size,
@@ -191,8 +191,8 @@ def train_tokenizer_cmd(
 
     Example: modbench data train-tokenizer --source ./texts --vocab-size 8192 --max-chars 50M --out data/tok8k
     """  # noqa: E501
+    from modbench.data.corpora import train_recipe_tokenizer
     from modbench.data.prepare import TOKENIZER_FILE
-    from modbench.data.recipes import train_recipe_tokenizer
 
     info = train_recipe_tokenizer(
         recipe, out, source=source, vocab_size=vocab_size, max_chars=max_chars,
@@ -215,13 +215,13 @@ def recipes_cmd(
 
     Example: modbench data recipes --json
     """
-    from modbench.data.recipes import RECIPES
+    from modbench.data.corpora import CORPORA
 
     if as_json:
-        typer.echo(json.dumps({n: asdict(r) for n, r in RECIPES.items()}, indent=2))
+        typer.echo(json.dumps({n: asdict(r) for n, r in CORPORA.items()}, indent=2))
         return
-    width = max((len(n) for n in RECIPES), default=0)
-    for r in RECIPES.values():
+    width = max((len(n) for n in CORPORA), default=0)
+    for r in CORPORA.values():
         typer.echo(f"{r.name:<{width}}  {r.summary}")
 
 

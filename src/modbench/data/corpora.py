@@ -1,6 +1,8 @@
-"""The source papers' corpora as named recipes, and training a tokenizer on a source.
+"""The source papers' corpora (:data:`CORPORA`), each a named recipe for ``modbench data
+prepare --recipe NAME``, and training a tokenizer on a source. (Training recipes, the
+optimizer and schedule of a run, are :data:`modbench.config.RECIPES`.)
 
-A recipe is a set of defaults for ``modbench data prepare`` (and ``train-tokenizer``);
+A corpus recipe is a set of defaults for ``modbench data prepare`` (and ``train-tokenizer``);
 anything given explicitly wins. The source-specific defaults (text field, split, data files,
 source tokenizer) apply only while the recipe's own source is read: with ``--source`` of your
 own, they fall back to the plain defaults.
@@ -51,7 +53,7 @@ TRAINING_FILE = "training.json"
 
 
 @dataclass(frozen=True)
-class Recipe:
+class CorpusRecipe:
     name: str
     summary: str
     source: str
@@ -70,10 +72,10 @@ class Recipe:
     tokenizer_max_chars: int = 2_000_000_000
 
 
-RECIPES: dict[str, Recipe] = {
+CORPORA: dict[str, CorpusRecipe] = {
     r.name: r
     for r in [
-        Recipe(
+        CorpusRecipe(
             name="c4-llama",
             summary="CoMT preprint: C4 `en` (allenai/c4) with the LLaMA tokenizer (32,000 tokens), "
             "rows of 256 tokens, 11.8B training tokens (llama-1b's 90,000 steps of 512 x 256)",
@@ -89,7 +91,7 @@ RECIPES: dict[str, Recipe] = {
             val_fraction=0.001,
             max_tokens=90_000 * 512 * 256,
         ),
-        Recipe(
+        CorpusRecipe(
             name="climbmix",
             summary="arXiv 2605.20798 App. A: nvidia's ClimbMix (GPT-2 ids decoded to text), your "
             "65,536-token BPE (train-tokenizer), rows of 1,024 tokens, files in a seeded "
@@ -117,13 +119,13 @@ _GENERIC = {"text_field": "text", "split": "train", "seq_len": 256, "val_fractio
             "tokenizer": "builtin"}
 
 
-def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
+def get_recipe(name: str) -> CorpusRecipe:
+    if name not in CORPORA:
         raise ModbenchError(
-            f"unknown recipe {name!r}{suggest(name, RECIPES)}; known: {', '.join(RECIPES)} "
+            f"unknown recipe {name!r}{suggest(name, CORPORA)}; known: {', '.join(CORPORA)} "
             "(see `modbench data recipes`)"
         )
-    return RECIPES[name]
+    return CORPORA[name]
 
 
 def recipe_options(recipe: str | None, given: dict[str, Any]) -> dict[str, Any]:
