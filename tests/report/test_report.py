@@ -75,11 +75,16 @@ def test_report_files_and_numbers(study: Path, capsys: pytest.CaptureFixture[str
     assert len(tokens) == 1
     row = next(line for line in md.splitlines() if line.startswith("| `qknorm` |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:4] == ["1 (fewer than baseline)", "6", f"{tokens.pop() / 1e3:.3g}k"]
-    assert cells[7] == "prediction" and cells[8].endswith("(2)")
-    assert cells[13].endswith(" †")  # the verdict, marked: fewer seeds than the baseline
-    header = next(line for line in md.splitlines() if line.startswith("| method |"))
-    assert "| seeds | steps | tokens |" in header and "| test | t (df) | p |" in header
+    assert cells[1] == "1 (fewer than baseline)"
+    assert cells[5] == "prediction" and cells[6].endswith("(2)")
+    assert cells[11].endswith(" †")  # the verdict, marked: fewer seeds than the baseline
+    # what was trained: its own table under the verdicts' (the two fit 1,400 pixels)
+    trained = [line for line in md.splitlines() if line.startswith("| `qknorm` |")][1]
+    cells = [c.strip() for c in trained.strip("|").split("|")]
+    assert cells[1:3] == ["6", f"{tokens.pop() / 1e3:.3g}k"]
+    header, desc = [line for line in md.splitlines() if line.startswith("| method |")][:2]
+    assert "| method | seeds | val_loss |" in header and "| test | t (df) | p |" in header
+    assert "| method | steps | tokens | params | train FLOPs/token |" in desc
     assert "No run diverged or stalled." in md
     # the warnings come first: 1-seed methods, 6 steps (few tokens per parameter)
     head = md.split("## Methods against the baseline")[0]
@@ -162,12 +167,14 @@ def test_no_warnings_with_three_seeds_and_flat_final_losses(tmp_path: Path) -> N
     assert rows["a"]["test"] == "pooled" and not rows["a"]["fewer_seeds"]
     line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[1:4] == ["3", "1000", "100M"]
-    assert cells[7] == "pooled t"
-    assert cells[8] == f"{rows['a']['t']:.3f} (6)"
+    assert cells[1] == "3"
+    assert cells[5] == "pooled t"
+    assert cells[6] == f"{rows['a']['t']:.3f} (6)"
     lo, hi = rows["a"]["ci"]  # Δ with the test's simultaneous interval, and the 80 % MDE
-    assert lo < rows["a"]["delta"] < hi and cells[5].count("[") == 1
-    assert cells[14].endswith(f"({rows['a']['mde_sigma']:.1f}σ)")
+    assert lo < rows["a"]["delta"] < hi and cells[3].count("[") == 1
+    assert cells[12].endswith(f"({rows['a']['mde_sigma']:.1f}σ)")
+    trained = [x for x in md.splitlines() if x.startswith("| `a` |")][1]
+    assert [c.strip() for c in trained.strip("|").split("|")][1:3] == ["1000", "100M"]
 
 
 def test_one_seed_methods_warn_and_are_marked(tmp_path: Path) -> None:
@@ -196,7 +203,7 @@ def test_short_runs_falling_losses_and_unfinished_runs_warn(tmp_path: Path) -> N
     assert "3 of its runs fell 5.0% over steps 400→800" in text
     assert "1 tokens per parameter" in text  # 1e6 tokens, 1e6 parameters < 10
     md = (write_report(res, tmp_path / "report") / "report.md").read_text()
-    line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
+    line = [x for x in md.splitlines() if x.startswith("| `a` |")][1]  # what was trained
     assert "| 800 of 1000 | 1M |" in line
     # a scale whose baseline never finished: no verdicts there, and a warning says so
     other = RunRow(key="y", scale="small", method="a", seed=0, state="done",

@@ -210,10 +210,11 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
         blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
                                  f"{floor.get('n', 0)} seeds ({_df(df)} degrees of freedom; "
                                  f"mean {_fmt(floor.get('mean'))})."))
-        header = ["method", "seeds", "steps", "tokens", metric, "Δ [CI]", "z", "test", "t (df)",
-                  "p", *[f"p {c}" for c in CORRECTIONS], "verdict", "MDE", "params",
-                  "train FLOPs/token", "FLOPs ×"]
-        body = []
+        # the verdict's columns here; what was trained (steps, tokens, size, FLOPs) in a table
+        # of its own below, so that neither is wider than a 1,400-pixel window
+        header = ["method", "seeds", metric, "Δ [CI]", "z", "test", "t (df)",
+                  "p", *[f"p {c}" for c in CORRECTIONS], "verdict", "MDE"]
+        body, trained = [], []
         for r in res:
             runs = [x for x in rows if x.scale == scale and x.method == r["method"]
                     and x.state == "done"]
@@ -227,7 +228,6 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
             test = r.get("test", "none")
             body.append([
                 f"`{r['method']}`", f"{r['n']}" + (f" ({'; '.join(notes)})" if notes else ""),
-                _steps_cell(runs), _span([x.tokens for x in runs], _count),
                 _fmt(r["mean"]) + (f" ± {_fmt(r['std'], 2)}" if r["n"] > 1 else ""),
                 "" if r["is_baseline"] else _delta_cell(r),
                 "" if r["is_baseline"] else _fmt(r["z"], 3),
@@ -239,6 +239,9 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
                   + (" *" if sig.get(c) else "") for c in CORRECTIONS],
                 str(r["verdict"]) + (" †" if fewer else ""),
                 "" if r["is_baseline"] else _mde_cell(r),
+            ])
+            trained.append([
+                f"`{r['method']}`", _steps_cell(runs), _span([x.tokens for x in runs], _count),
                 _fmt(runs[0].params if runs else None),
                 _fmt(fl.train_flops_per_token if fl else None, 4),
                 _fmt(fl.flops_ratio if fl else None, 4),
@@ -249,6 +252,10 @@ def _table2(results: StudyResults, blocks: list[Block]) -> None:
             blocks.append(Block("ul", items=noted))
         if any(r.get("fewer_seeds") and r["verdict"] not in FAILED for r in res):
             blocks.append(Block("p", _fewer_note(res)))
+        blocks.append(Block("p", f"What each method trained — {scale} (steps: of the planned "
+                                 "where fewer, as for a stalled run stopped early):"))
+        blocks.append(Block("table", header=["method", "steps", "tokens", "params",
+                                             "train FLOPs/token", "FLOPs ×"], rows=trained))
 
 
 def _delta_cell(r: dict[str, Any]) -> str:
@@ -532,9 +539,16 @@ def _figures(rows: list[RunRow], baseline: str, out: Path, blocks: list[Block]) 
         per_run = {f"{r.method}/s{r.seed}": _curves(r) for r in here}
         loss = {label: c["loss"] for label, c in per_run.items()}
         gn = {label: c["grad_norm"] for label, c in per_run.items()}
-        p1 = curves_plot(loss, f"training loss — {scale}", "loss", out / f"loss_{scale}.png")
+        # the unigram level (one data set per scale): where the stalled runs' curves meet
+        levels = [r.unigram_loss for r in here if r.unigram_loss is not None]
+        n_stalled = sum(r.status == "stalled" for r in here)
+        level_label = "unigram level" + (f" ({n_stalled} stalled run{'s' * (n_stalled > 1)} "
+                                         "sit here)" if n_stalled else "")
+        p1 = curves_plot(loss, f"training loss — {scale}", "loss", out / f"loss_{scale}.png",
+                         baseline=baseline, level=levels[0] if levels else None,
+                         level_label=level_label)
         p2 = curves_plot(gn, f"gradient norm — {scale}", "grad norm", out / f"gradnorm_{scale}.png",
-                         log_y=True)
+                         log_y=True, baseline=baseline)
         blocks += [Block("img", f"Training loss, {scale}", path=p1),
                    Block("img", f"Gradient norm, {scale}", path=p2)]
         probe_names = sorted({k.removeprefix("probe:") for c in per_run.values() for k in c
@@ -542,7 +556,7 @@ def _figures(rows: list[RunRow], baseline: str, out: Path, blocks: list[Block]) 
         for name in probe_names:  # capability learning curves (train.eval_probes)
             series = {label: c.get(f"probe:{name}", []) for label, c in per_run.items()}
             pp = curves_plot(series, f"held-out {name} accuracy during training — {scale}",
-                             "accuracy", out / f"probe_{name}_{scale}.png")
+                             "accuracy", out / f"probe_{name}_{scale}.png", baseline=baseline)
             blocks.append(Block("img", f"Held-out {name} accuracy at each validation "
                                        f"(train.eval_probes), {scale}", path=pp))
         downstream = "climb_avg" if any(r.climb_avg is not None for r in here) else "probe_avg"

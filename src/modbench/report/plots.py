@@ -10,33 +10,90 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.colors import to_hex
 
 Curve = list[tuple[int, float]]
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a legend outside the axes included
     plt.close(fig)
     return path
 
 
+def method_of(label: str) -> str:
+    """The method of a ``method/s<seed>`` curve label (the label itself otherwise)."""
+    head, sep, seed = label.rpartition("/s")
+    return head if sep and seed.isdigit() else label
+
+
+def method_colours(methods: Sequence[str], baseline: str | None = None) -> dict[str, str]:
+    """One colour per method: the baseline black, the others in turn from matplotlib's
+    10-colour cycle (``tab10``; ``tab20`` beyond ten methods, then repeating)."""
+    others = [m for m in dict.fromkeys(methods) if m != baseline]
+    cmap = plt.get_cmap("tab10" if len(others) <= 10 else "tab20")
+    colours = {m: to_hex(cmap(i % cmap.N)) for i, m in enumerate(others)}
+    if baseline is not None and baseline in methods:
+        colours[baseline] = "#000000"
+    return colours
+
+
+def smoothed(ys: Sequence[float], window: int, log: bool = False) -> list[float]:
+    """The trailing moving average of ``ys`` over ``window`` points (fewer at the start);
+    ``log``: averaged in log space (a geometric mean, for positive series drawn on a log
+    axis)."""
+    vals = [math.log(y) if log and y > 0 else y for y in ys]
+    out: list[float] = []
+    total = 0.0
+    for i, v in enumerate(vals):
+        total += v
+        if i >= window:
+            total -= vals[i - window]
+        mean = total / min(i + 1, window)
+        out.append(math.exp(mean) if log else mean)
+    return out
+
+
+SMOOTH_POINTS = 25  # a curve of n points is smoothed over n // SMOOTH_POINTS of them
+
+
 def curves_plot(series: dict[str, Curve], title: str, ylabel: str, path: Path,
-                log_y: bool = False) -> Path:
-    """One line per label (e.g. method/seed) of a per-step quantity."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+                log_y: bool = False, *, baseline: str | None = None,
+                level: float | None = None, level_label: str = "unigram level") -> Path:
+    """A per-step quantity for every run, labelled ``method/s<seed>``: one colour per method
+    (:func:`method_colours`), each seed a thin line of it, smoothed (trailing mean over
+    1/:data:`SMOOTH_POINTS` of its points) with the raw points faint behind; the legend, one
+    entry per method with its seed count, outside the axes. ``level``: a horizontal line
+    labelled ``level_label`` (the unigram level, where stalled runs sit)."""
+    groups: dict[str, list[Curve]] = {}
     for label, pts in sorted(series.items()):
         if pts:
+            groups.setdefault(method_of(label), []).append(pts)
+    colours = method_colours(list(groups), baseline)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for method, runs in groups.items():
+        c = colours[method]
+        for k, pts in enumerate(runs):
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, label=label, linewidth=1.2)
+            window = len(ys) // SMOOTH_POINTS
+            if window > 1:
+                ax.plot(xs, ys, color=c, linewidth=0.5, alpha=0.15)
+                ys = tuple(smoothed(ys, window, log=log_y))
+            ax.plot(xs, ys, color=c, linewidth=1.0, alpha=0.85,
+                    label=f"{method} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+                    if k == 0 else None)
+    if level is not None and math.isfinite(level):
+        ax.axhline(level, color="0.35", linestyle="--", linewidth=1.0, label=level_label)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log_y:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    if any(series.values()):  # a legend needs at least one line
-        ax.legend(fontsize=7, ncol=2)
+    if groups:  # a legend needs at least one line
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  frameon=False)
     return _save(fig, path)
 
 
