@@ -21,6 +21,7 @@ import typer
 
 from modbench.errors import ModbenchError
 from modbench.helptext import tidy_help
+from modbench.interrupts import note_interrupts, parsed
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # usage or input error: one line on stderr
@@ -555,7 +556,7 @@ def run_cli(argv: list[str]) -> int:
     130 interrupted."""
     exit_types, usage_types, abort_types = _click_exceptions()
     interrupts: list[int] = []  # Ctrl-C seen: typer turns it into exit 130 and says nothing
-    restore = _note_interrupts(interrupts)
+    restore = note_interrupts(interrupts)
     runfolder = sys.modules.get("modbench.runtime.runfolder")  # (not imported here: torch)
     mark = runfolder.runs_mark() if runfolder is not None else 0  # this command's runs follow
     try:
@@ -603,54 +604,17 @@ def run_cli(argv: list[str]) -> int:
     return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK
 
 
-def _note_interrupts(seen: list[int]) -> Any:
-    """Note each SIGINT in ``seen`` and raise ``KeyboardInterrupt`` as Python would; returns
-    the function that puts the previous handler back. Nothing changes where SIGINT is not
-    Python's default handler (ignored in a background job, or a caller's own)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
-        return lambda: None
-
-    def handle(signum: int, frame: Any) -> None:
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handle)
-    return lambda: signal.signal(signal.SIGINT, previous)
-
-
 def interrupted_line(argv: list[str], mark: int = 0) -> str:
     """The one line an interrupted command prints: for `modbench train` the step of the last
     checkpoint (or that nothing was saved) and the command that resumes (its run folders: those
     this process opened after ``mark``, modbench.runtime.runfolder.runs_mark); for `modbench
     study run` the runs kept and the command that goes on; else "interrupted"."""
-    import shlex
-    from pathlib import Path
-
     try:
-        names, params = _parsed(argv)
+        names, params = parsed(typer.main.get_command(app), "modbench", argv)
         if names == ["train"]:
-            from modbench.runtime.checkpoint import interrupted_run_line
-            from modbench.runtime.runfolder import runs_written
+            from modbench.train.cli import interrupted_train_line
 
-            out, seeds = params.get("out"), params.get("seeds")
-            folders = runs_written(mark)
-            if not folders and out is not None:  # --nproc: the group's processes wrote
-                folders = ([Path(out) / f"s{s.strip()}" for s in seeds.split(",") if s.strip()]
-                           if seeds else [Path(out)])
-                folders = [f for f in folders if (f / "config.yaml").is_file()]
-            if out is None and folders:
-                out = folders[0] if len(folders) == 1 else folders[0].parent
-            resume = " ".join(["modbench train", "--out", shlex.quote(str(out)),
-                               *(["--seeds", shlex.quote(seeds)] if seeds else []),
-                               *(["--nproc", str(params["nproc"])] if params.get("nproc")
-                                 else []), "--resume"])
-            return interrupted_run_line(folders, resume)
+            return interrupted_train_line(params, mark)
         if names == ["study", "run"]:
             from modbench.study.runner import interrupted_line as study_line
 
@@ -658,22 +622,6 @@ def interrupted_line(argv: list[str], mark: int = 0) -> str:
     except Exception:  # the line is a courtesy: never a traceback of its own
         pass
     return "interrupted"
-
-
-def _parsed(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """The (sub)command names and parameters ``argv`` gives, parsed as click would (nothing
-    run, no errors raised)."""
-    command: Any = typer.main.get_command(app)
-    ctx = command.make_context("modbench", list(argv), resilient_parsing=True)
-    names: list[str] = []
-    while hasattr(command, "resolve_command"):
-        args = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
-        if not args:
-            break
-        name, command, rest = command.resolve_command(ctx, args)
-        names.append(name)
-        ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=True)
-    return names, dict(ctx.params)
 
 
 # ------------------------------------------------------------------------------ listings

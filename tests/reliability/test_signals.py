@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from modbench.runtime.checkpoint import checkpoint_step
@@ -53,6 +54,9 @@ else:  # first_record: the first metrics line, before any checkpoint
         if not marker.exists():
             pause()
     MetricsLog.write = hooked
+if sys.argv[1] == "train" and os.environ.get("ENTRY") == "python -m modbench.train":
+    from modbench.train.cli import main as train_main  # what each torchrun process runs
+    sys.exit(train_main(sys.argv[2:]))
 from modbench.cli import main
 sys.argv = ["modbench", *sys.argv[1:]]
 main()
@@ -81,11 +85,12 @@ def _wait(cond: object, what: str, proc: subprocess.Popen[str], limit: float = 3
         time.sleep(0.05)
 
 
-def _interrupted_train(tmp_path: Path, pause_at: str) -> tuple[Path, str]:
+def _interrupted_train(tmp_path: Path, pause_at: str,
+                       entry: str = "modbench") -> tuple[Path, str]:
     run, marker = tmp_path / "R", tmp_path / "paused"
     proc = subprocess.Popen([sys.executable, "-c", CHILD, *TRAIN, "--out", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(PAUSE_AT=pause_at, PAUSED=str(marker)),
+                            env=_env(PAUSE_AT=pause_at, PAUSED=str(marker), ENTRY=entry),
                             preexec_fn=_default_sigint)
     _wait(marker.exists, f"the pause at {pause_at}", proc)
     proc.send_signal(signal.SIGINT)
@@ -108,8 +113,12 @@ def _resume(line: str, run: Path) -> None:
     assert [r["step"] for r in records if r.get("kind") == "train"] == list(range(1, STEPS + 1))
 
 
-def test_sigint_after_a_checkpoint_names_its_step_and_the_resume(tmp_path: Path) -> None:
-    run, line = _interrupted_train(tmp_path, "first_checkpoint")
+@pytest.mark.parametrize("entry", ["modbench", "python -m modbench.train"])
+def test_sigint_after_a_checkpoint_names_its_step_and_the_resume(tmp_path: Path,
+                                                                  entry: str) -> None:
+    """The same line from ``modbench train`` and from ``python -m modbench.train`` (what
+    torchrun runs in each process of a group)."""
+    run, line = _interrupted_train(tmp_path, "first_checkpoint", entry)
     step = checkpoint_step(run / CHECKPOINT)
     assert step == 1
     assert line == (f"interrupted: the last checkpoint (step {step}) is saved in {run}; "

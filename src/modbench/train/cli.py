@@ -168,31 +168,75 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
                + (f", {s['processes']} processes ({s['parallel']})" if "processes" in s else ""))
 
 
+def interrupted_train_line(params: dict[str, Any], mark: int = 0) -> str:
+    """The one line an interrupted ``modbench train`` prints, from its parsed ``params``: the
+    step of the last checkpoint of each run folder this process opened after ``mark``
+    (modbench.runtime.runfolder.runs_mark), or that nothing was saved, and the command that
+    resumes."""
+    import shlex
+
+    from modbench.runtime.checkpoint import interrupted_run_line
+    from modbench.runtime.runfolder import runs_written
+
+    out, seeds = params.get("out"), params.get("seeds")
+    folders = runs_written(mark)
+    if not folders and out is not None:  # --nproc: the group's processes wrote
+        folders = ([Path(out) / f"s{s.strip()}" for s in seeds.split(",") if s.strip()]
+                   if seeds else [Path(out)])
+        folders = [f for f in folders if (f / "config.yaml").is_file()]
+    if out is None and folders:
+        out = folders[0] if len(folders) == 1 else folders[0].parent
+    resume = " ".join(["modbench train", "--out", shlex.quote(str(out)),
+                       *(["--seeds", shlex.quote(seeds)] if seeds else []),
+                       *(["--nproc", str(params["nproc"])] if params.get("nproc") else []),
+                       "--resume"])
+    return interrupted_run_line(folders, resume)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m modbench.train ARGS``: ``modbench train ARGS`` in this process (under
     torchrun: one process of the group). A user error is one line on stderr, exit code 2; a
-    diverged or stalled run exits 3 (outside a torchrun group)."""
+    diverged or stalled run exits 3 (outside a torchrun group); Ctrl-C exits 130 with one line
+    saying what was saved and the command that resumes (printed by the group's rank 0 only:
+    the terminal's Ctrl-C reaches every process)."""
+    from modbench.interrupts import note_interrupts, parsed
+    from modbench.runtime.runfolder import runs_mark
+
+    args = sys.argv[1:] if argv is None else argv
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
     command = typer.main.get_command(app)
     tidy_help(command, escape_markup=app.rich_markup_mode == "rich")  # as `modbench train`
+    interrupts: list[int] = []  # typer turns Ctrl-C into a silent 130: note it here
+    restore = note_interrupts(interrupts)
+    mark = runs_mark()
     try:  # without standalone mode, click returns the code of an Exit (a diverged run's 3)
-        code = command.main(args=sys.argv[1:] if argv is None else argv,
-                            prog_name="python -m modbench.train", standalone_mode=False)
+        code = command.main(args=args, prog_name="python -m modbench.train",
+                            standalone_mode=False)
     except ModbenchError as e:
         line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
         print(f"error: {line}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
+        interrupts.append(0)
+        code = 130
     except Exception as e:  # click's usage errors (the same exit code as `modbench`), Abort
         if type(e).__name__ == "Abort":
-            print("interrupted", file=sys.stderr, flush=True)
+            print("aborted", file=sys.stderr, flush=True)
             return 130
         show = getattr(e, "show", None)
         if callable(show) and hasattr(e, "exit_code"):
             show()
             return int(e.exit_code)
         raise
+    finally:
+        restore()
+    if interrupts and code == 130:
+        if os.environ.get("RANK", "0") == "0":
+            try:
+                line = interrupted_train_line(parsed(command, "train", args)[1], mark)
+            except Exception:  # the line is a courtesy: never a traceback of its own
+                line = "interrupted"
+            print(line, file=sys.stderr, flush=True)
+        return 130
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
