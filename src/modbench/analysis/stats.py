@@ -1,9 +1,10 @@
 """Statistics for deciding which methods beat the baseline against a multi-seed noise floor.
 
-Implements the protocol of seeds/002_* §3.3 (noise floor), §4-§5 (tests, corrections, Spearman
-across scales) and Appendix E.4 (per-task Welch + Stouffer), with one deliberate change: the
-verdict accounts for the noise floor being *estimated* from a few seeds (a t reference, not a
-normal one). Pure functions and small frozen dataclasses over numpy, scipy and statsmodels; no
+Implements the protocol of the seed study (arXiv 2605.20798, docs/sources.md#seed-002) §3.3
+(noise floor), §4-§5 (tests, corrections, Spearman across scales) and Appendix E.4 (per-task
+Welch + Stouffer), with one deliberate change: the verdict accounts for the noise floor being
+*estimated* from a few seeds (a t reference, not a normal one). Pure functions and small frozen
+dataclasses over numpy, scipy and statsmodels; no
 I/O. ``docs/statistics.md`` states every rule; the short version:
 
 * **Orientation.** ``higher_is_better=True`` for accuracies (CLIMB-avg), ``False`` for losses.
