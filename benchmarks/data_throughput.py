@@ -32,7 +32,7 @@ from pathlib import Path
 
 from modbench.data import builtin_documents, builtin_tokenizer, open_dataset
 from modbench.data.parallel import Encoder, EncoderSpec
-from modbench.data.prepare import prepare_dataset, token_dtype
+from modbench.data.prepare import PrepareSettings, prepare_dataset, token_dtype
 from modbench.data.sources import open_source
 from modbench.data.tokenizer import find_eos_id, tokenizer_json
 
@@ -152,8 +152,11 @@ def main() -> None:
             for w in workers:
                 out = tmp / f"out-{w}-{r}"
                 t0 = time.perf_counter()
-                meta = prepare_dataset(tmp / "c4", tok, out, seq_len=args.seq_len,
-                                       val_fraction=0.0005, workers=w, progress=False)
+                meta = prepare_dataset(
+                    tmp / "c4", tok, out,
+                    PrepareSettings(seq_len=args.seq_len, val_fraction=0.0005, workers=w,
+                                    progress=False),
+                )
                 times[w].append(time.perf_counter() - t0)
                 tokens = meta["tokens"]
                 if (w, r) != (workers[0], 0):

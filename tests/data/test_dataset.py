@@ -10,7 +10,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from modbench.data import TokenDataset, open_dataset, prepare_dataset, tokenizer_sha256
+from modbench.data import (
+    PrepareSettings,
+    TokenDataset,
+    open_dataset,
+    prepare_dataset,
+    tokenizer_sha256,
+)
 from modbench.errors import ModbenchError
 
 SEQ = 16
@@ -24,13 +30,8 @@ def prepared(
 ) -> Path:
     out = tmp_path_factory.mktemp("ds") / "d"
     prepare_dataset(
-        doc_factory(120, seed=3),
-        small_tokenizer,
-        out,
-        seq_len=SEQ,
-        val_fraction=0.15,
-        shard_sequences=64,
-        progress=False,
+        doc_factory(120, seed=3), small_tokenizer, out,
+        PrepareSettings(seq_len=SEQ, val_fraction=0.15, shard_sequences=64, progress=False),
     )
     return out
 
@@ -194,7 +195,8 @@ def test_empty_split(
 ) -> None:
     out = tmp_path / "tiny"
     prepare_dataset(
-        doc_factory(20, seed=5), small_tokenizer, out, seq_len=8, val_fraction=0.0, progress=False
+        doc_factory(20, seed=5), small_tokenizer, out,
+        PrepareSettings(seq_len=8, val_fraction=0.0, progress=False),
     )
     ds = open_dataset(out)
     assert ds.num_sequences("val") == 0

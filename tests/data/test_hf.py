@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from modbench.data import iter_hf_documents, prepare_dataset
+from modbench.data import PrepareSettings, iter_hf_documents, prepare_dataset
 from modbench.errors import ModbenchError
 
 pytest.importorskip("datasets")
@@ -68,21 +68,13 @@ def test_prepare_from_hf(
 ) -> None:
     out = tmp_path / "out"
     meta = prepare_dataset(
-        "hf:json",
-        small_tokenizer,
-        out,
-        seq_len=16,
-        val_fraction=0.0,
-        data_files=str(jsonl_dir / "*.jsonl"),
-        progress=False,
+        "hf:json", small_tokenizer, out,
+        PrepareSettings(seq_len=16, val_fraction=0.0, data_files=str(jsonl_dir / "*.jsonl"),
+                        progress=False),
     )
     local = prepare_dataset(
-        jsonl_dir,
-        small_tokenizer,
-        tmp_path / "local",
-        seq_len=16,
-        val_fraction=0.0,
-        progress=False,
+        jsonl_dir, small_tokenizer, tmp_path / "local",
+        PrepareSettings(seq_len=16, val_fraction=0.0, progress=False),
     )
     assert meta["source"] == "hf:json"
     assert meta["hf_split"] == "train"

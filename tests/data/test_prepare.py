@@ -11,7 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from modbench.data import is_validation_document, prepare_dataset, tokenizer_sha256
+from modbench.data import (
+    PrepareSettings,
+    is_validation_document,
+    prepare_dataset,
+    tokenizer_sha256,
+)
 from modbench.data.prepare import token_dtype
 from modbench.errors import ModbenchError
 
@@ -66,7 +71,10 @@ def test_txt_directory(tmp_path: Path, docs: list[str], small_tokenizer: Tokeniz
     (src / "notes.md").write_text("ignored: not a source suffix")
     (src / ".hidden.txt").write_text("ignored: hidden")
     out = tmp_path / "out"
-    meta = prepare_dataset(src, small_tokenizer, out, seq_len=32, val_fraction=0.0, progress=False)
+    meta = prepare_dataset(
+        src, small_tokenizer, out,
+        PrepareSettings(seq_len=32, val_fraction=0.0, progress=False),
+    )
     check_metadata(out, meta, 32)
     assert meta["documents"] == {"train": 30, "val": 0}
     assert meta["source"] == str(src)
@@ -88,14 +96,9 @@ def test_jsonl_with_val_split(tmp_path: Path, docs: list[str], tokenizer_file: P
     src.write_text("\n".join(lines[:50]) + "\n\n" + "\n".join(lines[50:]) + "\n")
     out = tmp_path / "out"
     meta = prepare_dataset(
-        str(src),
-        str(tokenizer_file),
-        out,
-        seq_len=16,
-        val_fraction=0.2,
-        shard_sequences=50,
-        text_field="body",
-        progress=False,
+        str(src), str(tokenizer_file), out,
+        PrepareSettings(seq_len=16, val_fraction=0.2, shard_sequences=50, text_field="body",
+                        progress=False),
     )
     check_metadata(out, meta, 16)
     tok = Tokenizer.from_file(str(tokenizer_file))
@@ -128,7 +131,8 @@ def test_json_array_and_parquet(
     for i, src in enumerate((js, pqf)):
         out = tmp_path / f"out{i}"
         meta = prepare_dataset(
-            src, small_tokenizer, out, seq_len=64, val_fraction=0.0, progress=False
+            src, small_tokenizer, out,
+            PrepareSettings(seq_len=64, val_fraction=0.0, progress=False),
         )
         check_metadata(out, meta, 64)
         assert meta["documents"]["train"] == 40
@@ -138,12 +142,8 @@ def test_json_array_and_parquet(
 
 def test_iterable_source(tmp_path: Path, docs: list[str], small_tokenizer: Tokenizer) -> None:
     meta = prepare_dataset(
-        iter([*docs[:10], "", "   \n"]),
-        small_tokenizer,
-        tmp_path / "o",
-        seq_len=8,
-        val_fraction=0.0,
-        progress=False,
+        iter([*docs[:10], "", "   \n"]), small_tokenizer, tmp_path / "o",
+        PrepareSettings(seq_len=8, val_fraction=0.0, progress=False),
     )
     assert meta["documents"]["train"] == 10
     assert meta["documents_skipped_empty"] == 2
@@ -155,7 +155,7 @@ def test_existing_empty_out_dir_is_fine(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    prepare_dataset(docs[:5], small_tokenizer, out, seq_len=8, progress=False)
+    prepare_dataset(docs[:5], small_tokenizer, out, PrepareSettings(seq_len=8, progress=False))
     assert (out / "metadata.json").is_file()
 
 
@@ -166,7 +166,7 @@ def test_non_empty_out_dir_refused(
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(ModbenchError, match="not empty"):
-        prepare_dataset(docs, small_tokenizer, out, seq_len=8, progress=False)
+        prepare_dataset(docs, small_tokenizer, out, PrepareSettings(seq_len=8, progress=False))
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -181,7 +181,10 @@ def test_failure_leaves_nothing_behind(
     (src / "b.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
     out = tmp_path / "sub" / "out"
     with pytest.raises(ModbenchError, match=r"b\.jsonl:2 is not valid JSON"):
-        prepare_dataset(src, small_tokenizer, out, seq_len=8, shard_sequences=4, progress=False)
+        prepare_dataset(
+            src, small_tokenizer, out,
+            PrepareSettings(seq_len=8, shard_sequences=4, progress=False),
+        )
     assert not out.exists()
     assert list((tmp_path / "sub").iterdir()) == []  # the temp dir was removed too
 
@@ -206,7 +209,7 @@ def test_source_errors(tmp_path: Path, small_tokenizer: Tokenizer, make: Any, pa
     src = make(tmp_path)
     out = tmp_path / "out"
     with pytest.raises(ModbenchError, match=pattern):
-        prepare_dataset(src, small_tokenizer, out, seq_len=8, progress=False)
+        prepare_dataset(src, small_tokenizer, out, PrepareSettings(seq_len=8, progress=False))
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -214,17 +217,27 @@ def test_source_errors(tmp_path: Path, small_tokenizer: Tokenizer, make: Any, pa
 def test_option_errors(tmp_path: Path, docs: list[str], small_tokenizer: Tokenizer) -> None:
     out = tmp_path / "o"
     with pytest.raises(ModbenchError, match="seq_len"):
-        prepare_dataset(docs, small_tokenizer, out, seq_len=1, progress=False)
+        prepare_dataset(docs, small_tokenizer, out, PrepareSettings(seq_len=1, progress=False))
     with pytest.raises(ModbenchError, match="val_fraction"):
-        prepare_dataset(docs, small_tokenizer, out, seq_len=8, val_fraction=1.0, progress=False)
+        prepare_dataset(
+            docs, small_tokenizer, out,
+            PrepareSettings(seq_len=8, val_fraction=1.0, progress=False),
+        )
     with pytest.raises(ModbenchError, match="only applies to hf"):
         prepare_dataset(
-            tmp_path, small_tokenizer, out, seq_len=8, data_files="*.txt", progress=False
+            tmp_path, small_tokenizer, out,
+            PrepareSettings(seq_len=8, data_files="*.txt", progress=False),
         )
     with pytest.raises(ModbenchError, match="vocab_size=512"):
-        prepare_dataset(docs, small_tokenizer, out, seq_len=8, vocab_size=512, progress=False)
+        prepare_dataset(
+            docs, small_tokenizer, out,
+            PrepareSettings(seq_len=8, vocab_size=512, progress=False),
+        )
     with pytest.raises(ModbenchError, match="not a str"):
-        prepare_dataset([b"x"], small_tokenizer, out, seq_len=8, progress=False)  # type: ignore
+        prepare_dataset(
+            [b"x"], small_tokenizer, out,
+            PrepareSettings(seq_len=8, progress=False),
+        )  # type: ignore
     assert not out.exists()
 
 

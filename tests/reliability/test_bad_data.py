@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import tiny
 
 from modbench.cli import run_cli
-from modbench.data import prepare_dataset, train_bpe
+from modbench.data import PrepareSettings, prepare_dataset, train_bpe
 from modbench.runtime.callback import Callback
 
 WORDS = ("the", "model", "reads", "a", "sequence", "of", "tokens", "and", "predicts", "the",
@@ -37,8 +37,10 @@ def corpus(n: int = 240, seed: int = 0, words: tuple[str, ...] | list[str] = WOR
 
 def prepare(out: Path, docs: list[str], tokenizer: Any = "builtin", vocab: int | None = 512,
             val_fraction: float = 0.2) -> Path:
-    prepare_dataset(docs, tokenizer, out, seq_len=64, vocab_size=vocab,
-                    val_fraction=val_fraction, progress=False)
+    prepare_dataset(
+        docs, tokenizer, out,
+        PrepareSettings(seq_len=64, vocab_size=vocab, val_fraction=val_fraction, progress=False),
+    )
     return out
 
 

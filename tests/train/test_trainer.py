@@ -269,14 +269,16 @@ def test_the_batch_hash_is_the_data_order(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_data_that_changed(tmp_path: Path) -> None:
-    from modbench.data import prepare_dataset
+    from modbench.data import PrepareSettings, prepare_dataset
 
     def corpus(words: str) -> list[str]:
         return [f"Document {i}: " + " ".join([words] * (20 + i % 7)) for i in range(300)]
 
     data = tmp_path / "data"
-    prepare_dataset(corpus("the model reads tokens"), "builtin", data, seq_len=64,
-                    vocab_size=512, val_fraction=0.2, progress=False)
+    prepare_dataset(
+        corpus("the model reads tokens"), "builtin", data,
+        PrepareSettings(seq_len=64, vocab_size=512, val_fraction=0.2, progress=False),
+    )
     cfg = lambda: tiny("baseline", 0, 6, f"data.source={data}",  # noqa: E731
                        "train.checkpoint_every=3")
     with pytest.raises(RuntimeError, match="killed"):
@@ -285,8 +287,10 @@ def test_resume_refuses_data_that_changed(tmp_path: Path) -> None:
     assert len(stored["meta"]["data"]["fingerprint"]) == 64
     before = (tmp_path / "r" / "metrics.jsonl").read_bytes()
     shutil.rmtree(data)
-    prepare_dataset(corpus("a different text entirely"), "builtin", data, seq_len=64,
-                    vocab_size=512, val_fraction=0.2, progress=False)
+    prepare_dataset(
+        corpus("a different text entirely"), "builtin", data,
+        PrepareSettings(seq_len=64, vocab_size=512, val_fraction=0.2, progress=False),
+    )
     with pytest.raises(ModbenchError, match=r"the data at .* changed since the run started") as e:
         train(cfg(), tmp_path / "r", resume=True, progress=False)
     assert "\n" not in str(e.value)

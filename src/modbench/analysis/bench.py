@@ -312,7 +312,12 @@ def bench_data(vocab_size: int, seq_len: int, progress: bool = False) -> Path:
     vocabulary; the ids above the tokenizer's are never drawn, the step's work is the
     model's). 10 % of the documents are held out, so long rows still give a few validation
     batches."""
-    from modbench.data import builtin_documents, builtin_tokenizer, prepare_dataset
+    from modbench.data import (
+        PrepareSettings,
+        builtin_documents,
+        builtin_tokenizer,
+        prepare_dataset,
+    )
     from modbench.data._fs import cache_dir
     from modbench.data.corpus import builtin_corpus_fingerprint
 
@@ -324,9 +329,11 @@ def bench_data(vocab_size: int, seq_len: int, progress: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
     try:
-        prepare_dataset(builtin_documents(), builtin_tokenizer(tok_vocab), work / "d",
-                        seq_len=seq_len, val_fraction=0.1, progress=progress,
-                        model_vocab_size=vocab_size if vocab_size > tok_vocab else None)
+        prepare_dataset(
+            builtin_documents(), builtin_tokenizer(tok_vocab), work / "d",
+            PrepareSettings(seq_len=seq_len, val_fraction=0.1, progress=progress,
+                            model_vocab_size=vocab_size if vocab_size > tok_vocab else None),
+        )
         try:
             os.replace(work / "d", target)
         except OSError:  # another process put its copy there first: use that one

@@ -33,6 +33,7 @@ from modbench.data._fs import make_tmp_dir_next_to, remove_tree
 from modbench.data.corpus import is_validation_document
 from modbench.data.prepare import (
     TOKENIZER_FILE,
+    PrepareSettings,
     _check_out_dir,
     _resolve_tokenizer,
     _shuffled,
@@ -180,7 +181,7 @@ def prepare_recipe(recipe: str | None, out_dir: str | Path, **given: Any) -> dic
     if opts.get("tokenizer") is None:
         raise ModbenchError(f"the {recipe} recipe needs --tokenizer: {hint}")
     source, tokenizer = opts.pop("source"), opts.pop("tokenizer")
-    return prepare_dataset(source, tokenizer, out_dir, **opts)
+    return prepare_dataset(source, tokenizer, out_dir, PrepareSettings(**opts))
 
 
 # ---------------------------------------------------------------------------- tokenizer training

@@ -587,28 +587,32 @@ def _load_progress(work: Path, settings: dict[str, Any]) -> dict[str, Any] | Non
 # ---------------------------------------------------------------------------- public API
 
 
-def prepare_dataset(
-    source: Source,
-    tokenizer: Tokenizer | str | Path,
-    out_dir: str | Path,
-    *,
-    seq_len: int,
-    vocab_size: int | None = None,
-    val_fraction: float = 0.02,
-    shard_sequences: int = DEFAULT_SHARD_SEQUENCES,
-    text_field: str = "text",
-    split: str = "train",
-    data_files: str | list[str] | None = None,
-    progress: bool = True,
-    workers: int = 1,
-    max_tokens: int | None = None,
-    shuffle_seed: int | None = None,
-    revision: str | None = None,
-    source_tokenizer: Tokenizer | str | Path | None = None,
-    model_vocab_size: int | None = None,
-    recipe: str | None = None,
-) -> dict[str, Any]:
-    """Tokenize ``source``, pack it into rows of ``seq_len`` tokens and write a dataset.
+@dataclass(frozen=True)
+class PrepareSettings:
+    """How :func:`prepare_dataset` reads, tokenizes and packs a source (its docstring says what
+    each does); everything but ``seq_len`` has a default."""
+
+    seq_len: int
+    vocab_size: int | None = None
+    val_fraction: float = 0.02
+    shard_sequences: int = DEFAULT_SHARD_SEQUENCES
+    text_field: str = "text"
+    split: str = "train"
+    data_files: str | list[str] | None = None
+    progress: bool = True
+    workers: int = 1
+    max_tokens: int | None = None
+    shuffle_seed: int | None = None
+    revision: str | None = None
+    source_tokenizer: Tokenizer | str | Path | None = None
+    model_vocab_size: int | None = None
+    recipe: str | None = None
+
+
+def prepare_dataset(source: Source, tokenizer: Tokenizer | str | Path, out_dir: str | Path,
+                    options: PrepareSettings) -> dict[str, Any]:
+    """Tokenize ``source``, pack it into rows of ``options.seq_len`` tokens and write a dataset
+    (``options``: :class:`PrepareSettings`, whose fields the text below names).
 
     ``source``: a ``.txt`` file (one document), a ``.jsonl``/``.json`` file (one JSON object
     per line, text in ``text_field``; also gzip-compressed, ``.jsonl.gz``/``.json.gz``), a
@@ -635,42 +639,44 @@ def prepare_dataset(
     :class:`~modbench.errors.ModbenchError` about the input removes the work folder, so a
     failed call leaves nothing behind. Returns the metadata dict.
     """
-    _validate_options(seq_len, val_fraction, shard_sequences, max_tokens)
-    check_workers(workers)
+    _validate_options(options.seq_len, options.val_fraction, options.shard_sequences,
+                      options.max_tokens)
+    check_workers(options.workers)
     out = Path(out_dir).expanduser()
     _check_out_dir(out)
-    tok, spec = _resolve_tokenizer(tokenizer, vocab_size)
+    tok, spec = _resolve_tokenizer(tokenizer, options.vocab_size)
     eos_id = find_eos_id(tok)  # fail before any work when there is no EOS token
     vocab = tokenizer_vocab_size(tok)
-    _check_model_vocab(model_vocab_size, vocab)
+    _check_model_vocab(options.model_vocab_size, vocab)
     src_tok: tuple[Tokenizer, str] | None = None
-    if source_tokenizer is not None:
-        src_tok = _resolve_tokenizer(source_tokenizer, None)
-    src = open_source(source, text_field=text_field, split=split, data_files=data_files,
-                      revision=revision, ids_ok=src_tok is not None)
-    order = _shuffled(len(src.file_names()), shuffle_seed)
-    source_meta: dict[str, Any] = {"recipe": recipe, "source": describe_source(source),
-                                   "text_field": text_field}
+    if options.source_tokenizer is not None:
+        src_tok = _resolve_tokenizer(options.source_tokenizer, None)
+    src = open_source(source, text_field=options.text_field, split=options.split,
+                      data_files=options.data_files, revision=options.revision,
+                      ids_ok=src_tok is not None)
+    order = _shuffled(len(src.file_names()), options.shuffle_seed)
+    source_meta: dict[str, Any] = {"recipe": options.recipe, "source": describe_source(source),
+                                   "text_field": options.text_field}
     if isinstance(source, str) and source.startswith("hf:"):
-        source_meta["hf_split"] = split
-        source_meta["data_files"] = data_files
+        source_meta["hf_split"] = options.split
+        source_meta["data_files"] = options.data_files
     source_meta["revision"] = src.revision
     source_meta["source_tokenizer"] = None if src_tok is None else {
         "spec": src_tok[1], "sha256": tokenizer_sha256(src_tok[0])}
     settings = {
         "source": source_meta["source"], "source_fingerprint": src.fingerprint(),
-        "revision": src.revision, "text_field": text_field, "split": split,
-        "data_files": data_files, "shuffle_seed": shuffle_seed,
+        "revision": src.revision, "text_field": options.text_field, "split": options.split,
+        "data_files": options.data_files, "shuffle_seed": options.shuffle_seed,
         "source_tokenizer": source_meta["source_tokenizer"],
-        "tokenizer_sha256": tokenizer_sha256(tok), "seq_len": seq_len,
-        "val_fraction": float(val_fraction), "shard_sequences": shard_sequences,
-        "max_tokens": max_tokens, "model_vocab_size": model_vocab_size,
+        "tokenizer_sha256": tokenizer_sha256(tok), "seq_len": options.seq_len,
+        "val_fraction": float(options.val_fraction), "shard_sequences": options.shard_sequences,
+        "max_tokens": options.max_tokens, "model_vocab_size": options.model_vocab_size,
     }
     enc_spec = EncoderSpec(tokenizer_json(tok).decode("utf-8"), eos_id, token_dtype(vocab).str,
-                           float(val_fraction),
+                           float(options.val_fraction),
                            None if src_tok is None else tokenizer_json(src_tok[0]).decode())
-    meta_args = {"tokenizer_spec": spec, "model_vocab_size": model_vocab_size,
-                 "val_fraction": val_fraction, "max_tokens": max_tokens}
+    meta_args = {"tokenizer_spec": spec, "model_vocab_size": options.model_vocab_size,
+                 "val_fraction": options.val_fraction, "max_tokens": options.max_tokens}
 
     work = partial_dir(out)
     created = not work.exists()
@@ -678,7 +684,8 @@ def prepare_dataset(
     try:
         with _locked(work):
             previous = _load_progress(work, settings)
-            run = _Run(work, seq_len, token_dtype(vocab), shard_sequences, max_tokens)
+            run = _Run(work, options.seq_len, token_dtype(vocab), options.shard_sequences,
+                       options.max_tokens)
             if previous is not None:
                 run.restore(previous["state"])
             else:
@@ -690,10 +697,10 @@ def prepare_dataset(
                     {"version": _PROGRESS_VERSION, "settings": settings, "state": state}))
 
             try:
-                _run(run, src, order, enc_spec, workers, progress, checkpoint)
+                _run(run, src, order, enc_spec, options.workers, options.progress, checkpoint)
                 meta_args["source_meta"] = {
                     **source_meta,
-                    "source_files": _source_record(src, order, run, shuffle_seed),
+                    "source_files": _source_record(src, order, run, options.shuffle_seed),
                 }
                 meta = _finish(run, work, tok, meta_args, source_meta["source"])
             except BaseException as exc:
@@ -703,7 +710,7 @@ def prepare_dataset(
                 )
                 if not resumable:
                     remove_tree(work)
-                elif progress:
+                elif options.progress:
                     print(f"\nstopped: the finished part is kept in {work}; run the same "
                           "command again to continue", file=sys.stderr)
                 raise

@@ -194,6 +194,7 @@ def gpt2_data(folder: Path, data: str | None, seq_len: int | None, vocab: int,
     """The token dataset to fine-tune and validate on (module docstring), checked against the
     model's vocabulary and context."""
     from modbench.data import (
+        PrepareSettings,
         builtin_corpus_fingerprint,
         builtin_documents,
         cache_dir,
@@ -227,8 +228,10 @@ def gpt2_data(folder: Path, data: str | None, seq_len: int | None, vocab: int,
         path = (cache_dir() / "data" / f"remove-norm-{tokenizer_sha256(tok)[:12]}-s{seq}-"
                 f"{builtin_corpus_fingerprint()[:10]}")
         if not (path / "metadata.json").is_file():
-            prepare_dataset(builtin_documents(), tok, path, seq_len=seq,
-                            val_fraction=BUILTIN_VAL_FRACTION, progress=progress)
+            prepare_dataset(
+                builtin_documents(), tok, path,
+                PrepareSettings(seq_len=seq, val_fraction=BUILTIN_VAL_FRACTION, progress=progress),
+            )
         ds = open_dataset(path)
     if ds.vocab_size > vocab:
         raise ModbenchError(f"the data in {path} has token ids up to {ds.vocab_size - 1} but the "
