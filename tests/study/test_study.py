@@ -202,7 +202,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
-    from modbench.analysis.stats import noise_floor, undecided
+    from modbench.analysis.results import read_looks
     from modbench.study.results import load_rows
 
     spec = load_spec(write_spec(tmp_path, methods=["qknorm", "post_ln"],
@@ -215,9 +215,11 @@ def test_until_decided_adds_seeds_up_to_the_cap(tmp_path: Path) -> None:
         table.setdefault(r.method, {})[r.seed] = r.metric("val_loss")
     assert all(len(s) <= 3 for s in table.values())
     assert c["added_seeds"] == len(rows) - 4  # 2 baseline + 2 methods from the spec
-    floor = noise_floor(table["baseline"], higher_is_better=False)
-    # whatever is still undecided has reached the cap
-    assert all(req.capped for req in undecided(table, floor, max_seeds=3))
+    looks = read_looks(out)["tiny"]
+    assert looks[-1].last  # the last look asked for nothing more
+    decided = {m for lk in looks for m in lk.decided}
+    # whatever no look decided has reached the cap, unless a seed failed (a result)
+    assert all(len(s) == 3 or m in decided or None in s.values() for m, s in table.items())
 
 
 # A small fake study: the store's rows are written by hand (no training, no run folders).
@@ -257,7 +259,7 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
     """The runner's undecided-seed table and the report's comparison table are built by the
     same function (analysis.results.metric_table), and both equal the hand-built table."""
     import modbench.analysis.results as ar
-    from modbench.analysis.stats import compare, noise_floor, undecided
+    from modbench.analysis.stats import compare, sequential_look
     from modbench.study.results import load_results
     from modbench.study.runner import _undecided_runs
     from modbench.study.spec import run_spec
@@ -290,11 +292,11 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
     assert results.metric == "val_loss" and list(results.comparisons) == ["tiny"]
     assert (json.dumps(results.comparisons["tiny"], default=str, sort_keys=True)
             == json.dumps(expected, default=str, sort_keys=True))
-    # ... and the runner's new seeds are undecided() of the same table
-    floor = noise_floor(FAKE_TABLE["baseline"], higher_is_better=False)
-    reqs = [q for q in undecided(FAKE_TABLE, floor, max_seeds=3) if not q.capped]
-    assert [q.method for q in reqs] == ["post_ln"]
-    want = [run_spec(spec, "tiny", q.method, max(FAKE_TABLE[q.method]) + 1) for q in reqs]
+    # ... and the runner's new seeds are the first look of the same table, by the same rule
+    look = sequential_look(FAKE_TABLE, (), 3, higher_is_better=False, references=[],
+                           correction="holm", floor_sigmas=1.0, stalled={}, n_resamples=1)
+    assert dict(look.add) == {"post_ln": 1, "qknorm": 1}  # layerscale diverged: a result
+    want = [run_spec(spec, "tiny", m, max(FAKE_TABLE[m]) + 1) for m in look.add]
     assert [(r.method, r.seed, r.key) for r in new] == [(r.method, r.seed, r.key) for r in want]
 
 
