@@ -686,7 +686,7 @@ LADDER_PRESETS = [
            ModelConfig(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2,
                        d_ff=176, max_seq_len=64),
            recipe="cpu",
-           train={"steps": 60, "batch_size": 8, "seq_len": 32, "eval_every": 30,
+           train={"steps": 48, "batch_size": 8, "seq_len": 32, "eval_every": 0,
                   "eval_sequences": 16},
            note="The smoke ladder's top rung (for tests and CI)."),
     Preset("cpu-top",
@@ -733,7 +733,7 @@ def expand_scales(value: Any) -> Any:
         out: list[Any] = []
         for v in value:
             rungs = ladder_scales(v) if isinstance(v, str) else None
-            out += [r for r in rungs if r not in out] if rungs else [v]
+            out += [r for r in rungs or [v] if r not in out]  # a scale named twice: once
         return out
     return value
 
