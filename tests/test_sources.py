@@ -24,8 +24,6 @@ EXCLUDED = {
     "LOG.md": "the project's dated log: what was said then, kept as written",
     "src/modbench/study/spec.py": "owned by another engineer this session (issue 30 brief K); "
                                   "its two example claim sources still read seeds/000",
-    "src/modbench/analysis/stats.py": "owned by another engineer this session (issue 30 brief "
-                                      "K); its module docstring still cites seeds/002",
 }
 #: The page that explains the old names: checked for its links and anchors only.
 OLD_NAMES_EXPLAINED = {"docs/sources.md"}
