@@ -1,0 +1,128 @@
+"""The early stop of stalled runs (``train.stop_stalled_after``, docs/runs.md "Stopping stalled
+runs"): the rule on planted validation series (a late recovery is not cut at the studies'
+patience, a stall is), the trainer's stop (status, steps, checkpoint), and the key in configs
+and study run keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from modbench.config import from_dict, resolve
+from modbench.errors import ModbenchError
+from modbench.study.spec import STUDY_STOP_STALLED_AFTER, config_key, expand, load_spec
+from modbench.train.trainer import stop_stalled_at, train
+from tests.helpers import read_metrics, tiny
+
+STALL_METHOD = "layerscale(init=-1e30)"  # saturated residual scales: every gradient is zero
+LEVEL = 5.951  # the unigram level of cpu-deep's data (docs/runs.md)
+
+
+def first_stop(series: list[tuple[int, float]], after: int | None, steps: int = 500,
+               level: float = LEVEL) -> tuple[int, int] | None:
+    """Feed a builtin-cpu-like run (cpu-deep, lr 3e-3, ``steps`` steps) its validations one at
+    a time, as the trainer does; (step it stops at, stalled_at_step) or None."""
+    patience = "null" if after is None else after
+    cfg = resolve("cpu-deep", overrides=["recipe.lr=3e-3", f"train.steps={steps}",
+                                         f"train.stop_stalled_after={patience}"])
+    for i, (done, _) in enumerate(series):
+        if done >= steps:
+            break
+        at = stop_stalled_at(cfg, series[:i + 1], level, done)
+        if at is not None:
+            return done, at
+    return None
+
+
+# Pre-LN on cpu-deep at its own lr 1e-3, 500 steps, validated every 20 (benchmarks/stall_rule.py,
+# 2026-11-26): at the unigram level (within 0.1) from step 60 to 200, then learning to 5.325
+LATE_RECOVERY = [(0, 6.951), (20, 6.79), (40, 6.437), (60, 6.095), (80, 5.964), (100, 5.963),
+                 (120, 5.959), (140, 5.976), (160, 5.936), (180, 5.902), (200, 5.901),
+                 (220, 5.844), (240, 5.797), (260, 5.738), (280, 5.686), (300, 5.636),
+                 (400, 5.437), (500, 5.325)]
+# the Post-LN family at lr 3e-3: at the level from step 100 to the end
+STALL = [(0, 6.95), (100, 5.96), (200, 5.947), (300, 5.946), (400, 5.946), (500, 5.946)]
+
+
+def test_a_planted_late_recovery_is_not_cut_at_the_study_patience() -> None:
+    every_100 = [(s, v) for s, v in LATE_RECOVERY if s % 100 == 0]
+    for series in (LATE_RECOVERY, every_100):
+        assert first_stop(series, STUDY_STOP_STALLED_AFTER) is None
+    # a shorter patience cuts it (the test can fail): at step 200, "stalled" since 100
+    assert first_stop(every_100, 100) == (200, 100)
+    assert first_stop(LATE_RECOVERY, 100) == (180, 80)
+
+
+def test_a_planted_stall_stops_with_its_step() -> None:
+    stop = first_stop(STALL, STUDY_STOP_STALLED_AFTER)
+    assert stop is not None and stop[1] == 100
+    assert stop[0] - stop[1] >= STUDY_STOP_STALLED_AFTER and stop[0] < 500
+    assert first_stop(STALL, None) is None  # off: never stops
+    # still falling by the margin over the stretch: not a stall yet
+    falling = [(0, 6.95), *((s, 6.3 - 0.0012 * s) for s in range(100, 501, 100))]
+    assert first_stop(falling, STUDY_STOP_STALLED_AFTER, level=6.3) is None
+
+
+def test_the_trainer_stops_a_stalled_run(tmp_path: Path) -> None:
+    """tiny, 120 steps validated every 10, a model that cannot learn: at the level from step
+    10 (the first validation after warm-up), stopped after 40 steps of it."""
+    out = tmp_path / "run"
+    s = train(tiny(STALL_METHOD, 0, 120, "train.stop_stalled_after=40"), out, progress=False)
+    assert (s["status"], s["stalled_at_step"]) == ("stalled", 10)
+    assert (s["steps"], s["steps_planned"]) == (50, 120)
+    assert s["final_val_loss"] == pytest.approx(s["initial_val_loss"])  # finite, kept
+    recs = read_metrics(out)
+    assert max(r["step"] for r in recs if r["kind"] == "train") == 50
+    assert [r["step"] for r in recs if r["kind"] == "val"] == [0, 10, 20, 30, 40, 50]
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] == 50
+    assert json.loads((out / "summary.json").read_text()) == s
+
+
+# the tiny baseline of the test below, as it trained (unigram level 5.286): at the level
+# (within 0.1) from step 10 to 60, then learning: a late recovery in miniature
+TINY_BASELINE = [(0, 6.234), (10, 5.581), (20, 5.33), (30, 5.289), (40, 5.259), (50, 5.261),
+                 (60, 5.212), (70, 5.149), (80, 5.078), (90, 5.033), (100, 4.984)]
+
+
+def test_a_healthy_run_is_not_stopped(tmp_path: Path) -> None:
+    s = train(tiny("baseline", 0, 120, "train.stop_stalled_after=40"), tmp_path / "run",
+              progress=False)
+    assert s["status"] == "completed" and s["steps"] == 120 and s["stalled_at_step"] is None
+    # its curve at a shorter patience would have been cut at step 50
+    cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=30")
+    stops = [stop_stalled_at(cfg, TINY_BASELINE[:i + 1], 5.286, d)
+             for i, (d, _) in enumerate(TINY_BASELINE)]
+    assert stops[5] == 20 and not any(stops[:5])
+    cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=40")
+    assert not any(stop_stalled_at(cfg, TINY_BASELINE[:i + 1], 5.286, d)
+                   for i, (d, _) in enumerate(TINY_BASELINE))
+
+
+def test_the_key_in_configs_and_study_keys(tmp_path: Path) -> None:
+    assert resolve("tiny").train.stop_stalled_after is None  # modbench train: off
+    for bad in ("0", "-5", "1.5", "true", "x"):
+        with pytest.raises(ModbenchError, match=r"train\.stop_stalled_after") as e:
+            resolve("tiny", overrides=[f"train.stop_stalled_after={bad}"])
+        assert "\n" not in str(e.value)
+    # a config.yaml written before the key loads, with the key off and its old run key
+    old = resolve("tiny").to_dict()
+    del old["train"]["stop_stalled_after"]
+    cfg = from_dict(old)
+    assert cfg.train.stop_stalled_after is None
+    assert config_key(cfg) == config_key(resolve("tiny"))
+    # studies set it: their runs' keys differ from the same runs trained to the end, so a
+    # store's older runs are trained again rather than mixed with stopped ones
+    runs = expand(load_spec("builtin-cpu"))
+    assert {r.config.train.stop_stalled_after for r in runs} == {STUDY_STOP_STALLED_AFTER}
+    for r in runs[:3]:
+        full = from_dict(r.config.to_dict())
+        full.train.stop_stalled_after = None
+        assert config_key(full) != r.key
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nmethods: []\nscales: [tiny]\nseeds: {default: [0], "
+                    "noise_floor: []}\noverrides: ['train.stop_stalled_after=null']\n")
+    (run,) = expand(load_spec(spec))
+    assert run.config.train.stop_stalled_after is None
