@@ -105,7 +105,7 @@ def test_a_constant_gain_is_flat() -> None:
     assert g.trend == "flat" and g.slope == pytest.approx(0.0, abs=1e-9)
     trends = []
     for seed in range(4):
-        an = analyse(ladder_points(laws, noise=0.002, seed=seed), "baseline", boot=60)
+        an = analyse(ladder_points(laws, noise=0.002, seed=seed), "baseline", boot=40)
         assert an is not None
         trends.append(an.methods["offset"].trend)
     assert trends.count("flat") >= 3, trends
@@ -173,7 +173,7 @@ def test_leave_last_out_interval_covers_noisy_truth_and_z_is_the_error_in_half_w
     laws = {"baseline": (2.0, 50.0, 0.3)}
     inside = 0
     for seed in range(8):
-        an = analyse(ladder_points(laws, noise=0.01, seed=seed), "baseline", boot=80)
+        an = analyse(ladder_points(laws, noise=0.01, seed=seed), "baseline", boot=40)
         assert an is not None
         p = an.methods["baseline"].prediction
         assert p is not None and p.loss_pi[0] < p.loss < p.loss_pi[1]

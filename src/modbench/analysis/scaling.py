@@ -20,8 +20,9 @@ where the data do not pin it down); alpha at its bound; or a non-finite result. 
 than 2 distinct x there is no fit.
 
 **Uncertainty: the seed bootstrap.** ``BOOT`` resamples; in each, every (method, rung) draws
-its seeds with replacement (independently, ``numpy.random.default_rng(seed)``), its means are
-refitted, and every derived number (alpha, E, gaps, multiplier, predictions) is computed from
+its seeds with replacement (independently, ``numpy.random.default_rng(seed)``), the drawn
+mean's deviation from the rung mean scaled by ``sqrt(n / (n - 1))`` (so it has the variance of
+a mean of n seeds; the plain bootstrap's is (n - 1)/n of it), its means are refitted, and every derived number (alpha, E, gaps, multiplier, predictions) is computed from
 that replicate, the method's replicate b paired with the baseline's replicate b. Intervals
 are the 2.5 % and 97.5 % percentiles. A rung with one seed contributes no spread of its own.
 
@@ -330,13 +331,14 @@ def points_from_results(results: Any) -> list[Point]:
 
 def _trend(gains: list[float], cis: list[tuple[float, float]], slope_ci: tuple[float, float]
            ) -> str:
-    above = any(lo > 0 for lo, _ in cis)
-    below = any(hi < 0 for _, hi in cis)
+    tol = 1e-9 * max([1.0, *(abs(g) for g in gains if math.isfinite(g))])  # rounding
+    above = any(lo > tol for lo, _ in cis)
+    below = any(hi < -tol for _, hi in cis)
     if above and below:
         return "crosses zero"
-    if slope_ci[0] > 0:
+    if slope_ci[0] > tol:
         return "grows"
-    if slope_ci[1] < 0:
+    if slope_ci[1] < -tol:
         return "shrinks"
     return "flat"
 
@@ -368,8 +370,13 @@ def analyse(points: Sequence[Point], baseline: str, *, boot: int = BOOT, seed: i
     reps: dict[tuple[str, str], npt.NDArray[np.float64]] = {}
     for key in sorted(by):
         losses = np.asarray([p.loss for p in sorted(by[key], key=lambda p: p.seed)])
-        idx = rng.integers(0, len(losses), size=(boot, len(losses)))
-        reps[key] = losses[idx].mean(axis=1)
+        n = len(losses)
+        idx = rng.integers(0, n, size=(boot, n))
+        mean = float(losses.mean())
+        # the seeds' deviations scaled by sqrt(n / (n - 1)): a resampled mean then has the
+        # variance s^2 / n of the mean, not (n - 1) / n of it (2/3 with 3 seeds)
+        inflate = math.sqrt(n / (n - 1)) if n > 1 else 0.0
+        reps[key] = mean + inflate * (losses[idx].mean(axis=1) - mean)
     out: dict[str, MethodScaling] = {}
     top = scales[-1]
     for m in methods:

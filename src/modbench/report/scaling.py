@@ -209,6 +209,10 @@ def _figure(an: ScalingAnalysis, points: list[Point], out: Path) -> Path:
                     linestyle="--" if ms.fit_n.fallback else "-")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter  # plain loss values on the log axis
+
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("final validation loss")
     ax.set_title("loss against size (dashed: power law without E)")
