@@ -368,12 +368,13 @@ def test_a_missing_cluster_package_is_one_line(executor: str, module: str, tmp_p
 
 @pytest.mark.parametrize("args,msg", [
     (["--executor", "ray", "--slurm-partition", "gpu"],
-     "--slurm-partition: SLURM options, for --executor slurm only"),
-    (["--executor", "slurm", "--ray-address", "auto"], "--ray-address only applies"),
+     "--slurm-partition applies to --executor slurm only"),
+    (["--executor", "slurm", "--ray-address", "auto"],
+     "--ray-address applies to --executor ray only"),
     (["--executor", "slurm", "--workers", "4"], "--workers applies to --executor local"),
     (["--executor", "local", "--cpus-per-run", "4"], "--cpus-per-run applies to"),
     (["--executor", "local", "--gpus-per-run", "4", "--workers", "2"], "use --workers 1"),
-    (["--executor", "k8s"], "unknown executor 'k8s'"),
+    (["--executor", "k8s"], "unknown executor 'k8s'; use one of local, ray, slurm"),
     (["--executor", "slurm", "--slurm-time", "0"], "--slurm-time must be at least 1"),
     (["--executor", "slurm", "--slurm-extra", "mail-type"], "--slurm-extra takes KEY=VALUE"),
     (["--executor", "slurm", "--mfu", "0.3"], "add --dry-run"),
@@ -534,7 +535,7 @@ def test_dry_run_stacks_seeds_on_one_gpu_and_skips_done_runs(
 def test_plan_refuses_what_run_refuses(spec_file: Path, tmp_path: Path) -> None:
     from modbench.study.plan import plan_study
 
-    with pytest.raises(ModbenchError, match="--ray-address only applies"):
+    with pytest.raises(ModbenchError, match="--ray-address applies to --executor ray only"):
         plan_study(load_spec(spec_file), tmp_path, "local",
                    options=ExecutorOptions(ray_address="auto"))
     assert not any(tmp_path.iterdir())

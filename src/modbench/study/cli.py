@@ -28,8 +28,9 @@ def run(
     out: Annotated[Path | None, typer.Option(
         help="Study folder (default: studies/<spec name>).")] = None,
     executor: Annotated[str, typer.Option(
-        help="Where runs execute: local (this machine), ray (a local Ray instance or "
-             "--ray-address), slurm (job arrays through submitit). Example: --executor slurm.",
+        help="Where runs execute, a registered executor: local (this machine), ray (a local "
+             "Ray instance or --ray-address), slurm (job arrays through submitit); each takes "
+             "its own options below. Example: --executor slurm.",
         rich_help_panel=_CLUSTER)] = "local",
     workers: Annotated[int | None, typer.Option(
         help="Parallel worker processes of the local executor (default: one per CPU core (at "
@@ -112,13 +113,13 @@ def run(
     Example: modbench study run seed002-1.2b --executor slurm --gpus-per-run 8
     --slurm-partition gpu --slurm-time 1440 --dry-run
     """
-    from modbench.study.cluster import ExecutorOptions
+    from modbench.study.executors import ExecutorOptions
     from modbench.study.runner import run_study
     from modbench.study.spec import load_spec
 
     s = load_spec(spec)
     folder = out or Path("studies") / s.name
-    options = ExecutorOptions(
+    options = ExecutorOptions(  # by flag name: the executor's kind reads the ones it takes
         gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run, ray_address=ray_address,
         slurm_partition=slurm_partition, slurm_time=slurm_time, slurm_account=slurm_account,
         slurm_qos=slurm_qos, slurm_constraint=slurm_constraint, slurm_mem_gb=slurm_mem_gb,

@@ -21,26 +21,17 @@ writes, and the steps a requeued job repeats since its last checkpoint.
 
 from __future__ import annotations
 
-import math
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from modbench.analysis.flops import flop_report
 from modbench.config import RunConfig
 from modbench.errors import ModbenchError, suggest
-from modbench.study.cluster import (
-    RAY_MAX_RETRIES,
-    SLURM_ARRAY_PARALLELISM,
-    SLURM_MAX_TIMEOUTS,
-    SLURM_TIME_MIN,
-    ExecutorOptions,
-    check_options,
-    cpus_for,
-    gpus_for,
-    nproc_for,
-    slurm_extra,
-)
+from modbench.study import executors
+from modbench.study.executors import nproc_for
 from modbench.study.spec import StudySpec, expand
 
 #: Model FLOPs utilisation assumed when ``--mfu`` is left out: what a dense decoder of about
@@ -116,7 +107,7 @@ class JobPlan:
     nproc: int
     gpu_hours: float | None  # None: a CPU job
     wall_hours: float | None
-    timeouts: int | None = None  # SLURM: time-limit requeues it needs
+    timeouts: int | None = None  # a time-limited executor (SLURM): the requeues it needs
 
     @property
     def name(self) -> str:
@@ -137,6 +128,7 @@ class StudyPlan:
     stacked: bool
     settings: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    time_limited: bool = False  # its jobs requeue at a time limit: a time-outs column
 
     @property
     def flops(self) -> float:
@@ -150,64 +142,42 @@ class StudyPlan:
 
 def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                workers: int | None = None, ensembles: str = "auto",
-               options: ExecutorOptions | None = None,
+               options: Mapping[str, Any] | None = None,
                rate: Throughput | None = None) -> StudyPlan:
     """The jobs ``modbench study run`` would start for ``spec`` into ``out`` (runs the study
-    folder already has done are left out), with their resources and estimated GPU-hours.
-    Reads the folder's index if there is one; writes nothing."""
-    from modbench.study.runner import _jobs, stack_memory, use_ensembles
+    folder already has done are left out), with their resources and estimated GPU-hours; the
+    executor's kind (:mod:`modbench.study.executors`) reads and checks its options and gives
+    its GPUs, CPUs, time-outs, settings rows and warnings. Reads the folder's index if there is
+    one; writes nothing."""
+    from modbench.study.runner import _jobs, use_ensembles
 
-    opts = options or ExecutorOptions()
-    check_options(executor, opts, workers)
+    kind = executors.get(executor)
+    opts = kind.options(options, workers)
     rate = rate or throughput()
     runs = expand(spec)
     done = _done_keys(Path(out))
     todo = [r for r in runs if r.key not in done]
-    if executor == "local":
-        gpus = opts.gpus_per_run if (opts.gpus_per_run or 0) > 1 else _local_gpus()
-        cpus = 0
-        stack = use_ensembles(ensembles) and nproc_for(gpus) == 1
-    else:
-        gpus = gpus_for(executor, opts, cluster_has_gpus=True)
-        cpus = cpus_for(opts, gpus)
-        stack = use_ensembles(ensembles, gpus)
+    gpus = kind.plan_gpus(opts)
+    cpus = kind.plan_cpus(opts, gpus)
     nproc = nproc_for(gpus)
-    memory = stack_memory(executor, gpus) if stack else None
+    stack = use_ensembles(ensembles, kind.ensemble_gpus(gpus)) and nproc == 1
+    memory = kind.stack_memory(gpus) if stack else None
     configs = {r.key: r.config for r in todo}
     jobs = []
-    limit_h = (opts.slurm_time or SLURM_TIME_MIN) / 60
     for job in _jobs(out, todo, spec, stack, nproc, memory):
         cfgs = [configs[k] for k in job.keys]
         flops = sum(run_flops(c) for c in cfgs)
         tc = cfgs[0].train
         gpu_h = flops / rate.flops_per_s / 3600 if gpus else None
         wall_h = gpu_h / gpus if gpu_h is not None else None
-        timeouts = (max(0, math.ceil(wall_h / limit_h) - 1)
-                    if executor == "slurm" and wall_h is not None else None)
         jobs.append(JobPlan(job.labels, tc.steps * tc.batch_size * tc.seq_len, flops, gpus,
-                            cpus, nproc, gpu_h, wall_h, timeouts))
+                            cpus, nproc, gpu_h, wall_h, kind.timeouts(opts, wall_h)))
     plan = StudyPlan(spec.name, Path(out), executor, len(runs), len(runs) - len(todo), jobs,
-                     rate, any(len(j.labels) > 1 for j in jobs))
-    plan.settings = _settings(executor, opts, Path(out), gpus, cpus, nproc, workers, len(jobs))
-    max_timeouts = (SLURM_MAX_TIMEOUTS if opts.slurm_max_timeouts is None
-                    else opts.slurm_max_timeouts)
-    over = [j for j in jobs if (j.timeouts or 0) > max_timeouts]
-    if over:
-        plan.warnings.append(
-            f"{len(over)} job(s) need more than --slurm-max-timeouts {max_timeouts} requeues at "
-            f"--slurm-time {opts.slurm_time or SLURM_TIME_MIN} (the longest "
-            f"{max(j.timeouts or 0 for j in over)}): raise one of them, or --gpus-per-run")
-    if not gpus:
-        plan.warnings.append("no GPU on this machine: no GPU-hours to estimate" if executor ==
-                             "local" else "the jobs get no GPU (--gpus-per-run 0): no GPU-hours "
-                             "to estimate")
+                     rate, any(len(j.labels) > 1 for j in jobs),
+                     time_limited=kind.time_limited)
+    plan.settings = kind.settings(opts, Path(out), gpus, cpus, nproc, len(jobs))
+    plan.warnings = kind.warnings(opts, [j.timeouts for j in jobs], gpus)
     return plan
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return 1 if torch.cuda.is_available() else 0
 
 
 def _done_keys(folder: Path) -> set[str]:
@@ -228,49 +198,6 @@ def _done_keys(folder: Path) -> set[str]:
             db.close()
     except sqlite3.Error:
         return set()
-
-
-def _settings(executor: str, opts: ExecutorOptions, out: Path, gpus: int, cpus: int, nproc: int,
-              workers: int | None, n_jobs: int) -> list[tuple[str, str]]:
-    per_run = (f"{nproc} processes (one torchrun group on one node)" if nproc > 1
-               else "1 process")
-    if executor == "local":
-        from modbench.study.runner import auto_workers
-
-        w = 1 if nproc > 1 else (workers if workers is not None else auto_workers())
-        return [("executor", f"local: {w} worker process(es) on this machine"),
-                ("per job", f"{gpus} GPU(s), {per_run}")]
-    res = f"{gpus} GPU(s), {cpus} CPU(s), {per_run}"
-    if executor == "ray":
-        where = (f"the Ray cluster at {opts.ray_address}" if opts.ray_address
-                 else "a local Ray instance started on this machine")
-        rows = [("executor", f"ray: {n_jobs} task(s) on {where}; a task whose worker dies is "
-                             f"retried up to {RAY_MAX_RETRIES} times"),
-                ("per job", f"num_gpus={gpus}, num_cpus={cpus}: {res}")]
-        if opts.gpus_per_run is None:
-            rows.append(("", "(GPUs per job: 1 on a cluster with GPUs, else 0; set "
-                             "--gpus-per-run to be sure)"))
-        return rows
-    time_min = opts.slurm_time or SLURM_TIME_MIN
-    max_timeouts = (SLURM_MAX_TIMEOUTS if opts.slurm_max_timeouts is None
-                    else opts.slurm_max_timeouts)
-    parallel = opts.slurm_array_parallelism or SLURM_ARRAY_PARALLELISM
-    rows = [("executor", f"slurm (submitit): one job array of {n_jobs} task(s), at most "
-                         f"{parallel} at once"),
-            ("per job", f"1 node, 1 task, {res}"
-                        + (f", {opts.slurm_mem_gb:g} GB memory" if opts.slurm_mem_gb else "")),
-            ("time limit", f"{time_min} min per job; timed out or preempted, it is requeued "
-                           f"and resumes from its last checkpoint (up to {max_timeouts} "
-                           "time-outs)"),
-            ("sbatch", ", ".join(f"{k}={v}" for k, v in [
-                ("partition", opts.slurm_partition or "(cluster default)"),
-                ("account", opts.slurm_account or "(default)"),
-                *([("qos", opts.slurm_qos)] if opts.slurm_qos else []),
-                *([("constraint", opts.slurm_constraint)] if opts.slurm_constraint else []),
-                *slurm_extra(opts).items()])),
-            ("logs", str(Path(opts.slurm_folder) if opts.slurm_folder else out / "slurm"))]
-    rows += [("setup", line) for line in opts.slurm_setup]
-    return rows
 
 
 def _count(x: float) -> str:
@@ -296,16 +223,16 @@ def format_plan(plan: StudyPlan) -> str:
     if plan.stacked:
         lines.append(f"{'stacked':<11}a method's seeds train stacked in one job (--ensembles; "
                      "off: one run per job)")
-    slurm = plan.executor == "slurm"
+    limited = plan.time_limited
     head = (f"{'job':>4}  {'runs':<40} {'tokens/run':>10} {'FLOPs':>9} {'GPUs':>4} "
-            f"{'GPU-hours':>10} {'wall h':>8}" + (f" {'time-outs':>9}" if slurm else ""))
+            f"{'GPU-hours':>10} {'wall h':>8}" + (f" {'time-outs':>9}" if limited else ""))
     lines += ["", head]
     for i, j in enumerate(plan.jobs, 1):
         gpu_h = f"{j.gpu_hours:,.1f}" if j.gpu_hours is not None else "-"
         wall = f"{j.wall_hours:,.1f}" if j.wall_hours is not None else "-"
         row = (f"{i:>4}  {j.name:<40} {_count(j.tokens_per_run):>10} {j.flops:>9.3g} "
                f"{j.gpus:>4} {gpu_h:>10} {wall:>8}")
-        if slurm:
+        if limited:
             row += f" {j.timeouts if j.timeouts is not None else '-':>9}"
         lines.append(row)
     total = plan.gpu_hours

@@ -1,4 +1,6 @@
-"""The Ray executor (``modbench study run --executor ray``): every job is one Ray task.
+"""The Ray executor (``modbench study run --executor ray``): every job is one Ray task. Its
+options, checks, dry-run rows and GPU accounting are its kind's
+(:mod:`modbench.study.executors.ray`).
 
 Each task declares its resources (``num_gpus``, ``num_cpus``: ``--gpus-per-run``,
 ``--cpus-per-run``), so Ray places it on a node with room for it; a run on several GPUs is
@@ -22,19 +24,13 @@ import dataclasses
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from modbench.errors import ModbenchError
-from modbench.study.cluster import (
-    RAY_MAX_RETRIES,
-    ExecutorOptions,
-    cpus_for,
-    gpus_for,
-    one_line,
-    require,
-)
+from modbench.study.executors.base import one_line, require
+from modbench.study.executors.ray import KIND, RAY_MAX_RETRIES, RayOptions
 from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
 
 #: the thread-count variables a Ray task sets (not defaults: Ray sets OMP_NUM_THREADS itself)
@@ -56,9 +52,9 @@ def run_job(job: Job, cwd: str | None = None) -> list[JobResult]:
 class RayExecutor:
     """Jobs as Ray tasks; see the module's docstring."""
 
-    def __init__(self, options: ExecutorOptions, *, verbose: bool = False,
+    def __init__(self, options: RayOptions | Mapping[str, Any], *, verbose: bool = False,
                  max_retries: int = RAY_MAX_RETRIES) -> None:
-        self.options = options
+        self.options: RayOptions = KIND.options(options)
         self.verbose = verbose
         self.max_retries = max_retries
         self._ray: Any = None
@@ -72,7 +68,7 @@ class RayExecutor:
             return self._ray
         ray = require("ray", "ray")
         if not ray.is_initialized():
-            address = self.options.ray_address
+            address = self.options.address
             try:
                 ray.init(address=address, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
@@ -90,7 +86,7 @@ class RayExecutor:
         if self._gpus is None:
             ray = self._connect()
             has_gpus = float(ray.cluster_resources().get("GPU", 0)) > 0
-            self._gpus = gpus_for("ray", self.options, has_gpus)
+            self._gpus = KIND.gpus(self.options, has_gpus)
         return self._gpus
 
     def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
@@ -98,7 +94,7 @@ class RayExecutor:
             return
         ray = self._connect()
         gpus = self.gpus_per_job
-        cpus = cpus_for(self.options, gpus)
+        cpus = KIND.cpus(self.options, gpus)
         task = ray.remote(run_job)
         resources = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": self.max_retries,
                      "retry_exceptions": False}

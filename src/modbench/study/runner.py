@@ -1,30 +1,26 @@
 """Run a study: train and evaluate what is missing, skip what is done, resume what was cut.
 
-Executors take a list of :class:`Job` and yield results as jobs finish. ``local`` runs them
-in this process (``workers=1``) or in a pool of worker processes, each claiming runs in the
-store's index so no run is trained twice. The cluster executors, ``ray``
-(:mod:`modbench.study.ray_executor`) and ``slurm`` (:mod:`modbench.study.slurm_executor`,
-through submitit), ship :func:`~modbench.study.jobs.execute_job` and a
-:class:`~modbench.study.jobs.Job` (both in :mod:`modbench.study.jobs`, below every executor,
-and re-exported here) to a worker and return its result: the store's atomic claims make
-them safe to run side by side, and a job's *lease* lets a retried or requeued attempt take
-over the claims its dead predecessor left.
+Executors take a list of :class:`Job` and yield results as jobs finish; the runner asks the
+registry (:mod:`modbench.study.executors`) for the one a study names and never compares
+names. ``local`` (:mod:`modbench.study.executors.local`) runs jobs in this process or in a
+pool of worker processes, each claiming runs in the store's index so no run is trained
+twice. The cluster executors, ``ray`` (:mod:`modbench.study.executors.ray`) and ``slurm``
+(:mod:`modbench.study.executors.slurm`, through submitit), ship
+:func:`~modbench.study.jobs.execute_job` and a :class:`~modbench.study.jobs.Job` (both in
+:mod:`modbench.study.jobs`, below every executor, and re-exported here, as the local
+executor's names are) to a worker and return its result: the store's atomic claims make them
+safe to run side by side, and a job's *lease* lets a retried or requeued attempt take over
+the claims its dead predecessor left.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
-import signal
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from multiprocessing import connection
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +28,13 @@ import yaml
 
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
-from modbench.study.cluster import (
-    EXECUTOR_NAMES,
-    ExecutorOptions,
-    check_options,
-    nproc_for,
-    require,
-)
-from modbench.study.jobs import (  # re-exported: the job code lives in study/jobs.py
-    Executor,
-    Job,
-    JobResult,
-    execute_job,
-    lost_job_results,
-)
+from modbench.study import executors
+from modbench.study.executors import nproc_for
+from modbench.study.executors.local import WORKER_DEATHS, LocalExecutor, _requeue, auto_workers  # noqa: F401
+from modbench.study.jobs import Executor, Job, JobResult, execute_job, lost_job_results  # noqa: F401
 from modbench.study.progress import StudyProgress, views_for
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
-from modbench.study.store import Store, StoreWriteError
+from modbench.study.store import Store
 
 #: The study's inductor cache (TORCHINDUCTOR_CACHE_DIR), under its folder (docs/runs.md)
 COMPILE_CACHE = ".cache/inductor"
@@ -72,223 +58,13 @@ def share_compile_cache(out: str | Path) -> Any:
     return restore
 
 
-def auto_workers() -> int:
-    """``--workers`` left out: one worker per usable CPU core (at most 8; the process's affinity
-    mask, so a SLURM allocation, not the whole node) on a machine without a GPU,
-    each with one thread: small models run at least as fast on one thread, so processes, not
-    threads, fill the cores. With CUDA, one worker (the local executor has one device)."""
-    import torch
-
-    from modbench.runtime.device import usable_cpus
-
-    if torch.cuda.is_available():
-        return 1
-    return min(usable_cpus(), 8)
-
-
-#: A job whose worker process dies (killed, out of memory, a crash below Python) goes to a
-#: fresh worker; after this many deaths its unfinished runs are recorded as failed.
-WORKER_DEATHS = 3
-
-
-class LocalExecutor:
-    """This machine: in process for one worker, else ``workers`` spawned worker processes
-    sharing the CPU threads evenly.
-
-    Each worker gets one job at a time over its own pipe, so the parent always knows which
-    job a worker holds. A worker that dies mid-job (SIGKILL, the OOM killer) is noticed at
-    once: its claims are released (:meth:`Store.release_dead`), the runs it finished are
-    reported, and the rest of its job goes to a fresh worker (at most
-    :data:`WORKER_DEATHS` times), while the other workers carry on."""
-
-    def __init__(self, workers: int | None = None, gpus_per_run: int | None = None) -> None:
-        workers = (1 if (gpus_per_run or 0) > 1 else auto_workers()) if workers is None \
-            else workers
-        if workers < 1:
-            raise ModbenchError(f"--workers must be at least 1, got {workers}")
-        self.workers = workers
-        # only a torchrun group (> 1 GPU per run) changes what a local job does
-        self.gpus_per_job = gpus_per_run if (gpus_per_run or 0) > 1 else None
-
-    def close(self) -> None:
-        pass
-
-    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
-        workers = min(self.workers, len(jobs))
-        if workers <= 1:
-            for job in jobs:
-                yield execute_job(job)
-            return
-        from modbench.runtime.device import usable_cpus
-
-        threads = max(1, usable_cpus() // workers)
-        queue = collections.deque(dataclasses.replace(j, threads=threads) for j in jobs)
-        ctx = multiprocessing.get_context("spawn")
-        pool: list[_Worker] = []
-        deaths: dict[tuple[str, ...], int] = {}
-        try:
-            while queue or any(w.job for w in pool):
-                for w in pool:
-                    if w.job is None and queue:
-                        w.give(queue.popleft())
-                while queue and len(pool) < workers:
-                    pool.append(_Worker(ctx, queue.popleft()))
-                ready = set(connection.wait([w.conn for w in pool]
-                                            + [w.process.sentinel for w in pool]))
-                for w in list(pool):
-                    if w.conn in ready and w.job is not None:
-                        try:
-                            results = w.conn.recv()
-                        except (EOFError, OSError):
-                            pass  # it died while sending: handled below
-                        else:
-                            w.job = None
-                            if isinstance(results, _IndexFailed):  # the study stops
-                                raise ModbenchError(results.message)
-                            yield results
-                            continue
-                    if w.process.sentinel in ready or w.conn in ready:
-                        pool.remove(w)
-                        lost = w.close()
-                        if lost is not None:
-                            yield from _requeue(lost, deaths, queue)
-        except (KeyboardInterrupt, ModbenchError):  # Ctrl-C, or the index cannot be
-            _interrupt(pool)  # written: every worker stops where it is, then ends
-            raise
-        except BaseException:
-            for w in pool:
-                w.process.terminate()
-            raise
-        finally:
-            for w in pool:
-                w.close()
-
-
-#: seconds an interrupted worker gets to stop (close its files, release its run folder) and
-#: exit on its own before it is terminated
-STOP_WAIT_S = 60.0
-
-
-def _interrupt(pool: list[_Worker]) -> None:
-    """Ctrl-C reached the study (or the study stops on an index it cannot write): pass it on
-    to every worker (a terminal's Ctrl-C reached them already; a second is ignored,
-    :func:`_interrupt_once`), so each stops its run where it is (the run keeps its last
-    checkpoint) and exits on its own, its finalizers run;
-    terminated instead (SIGTERM, the pre-emption path that saves a step) they would leave the
-    resource tracker warning of leaked semaphores, and each would print its own line."""
-    for w in pool:
-        if w.process.is_alive() and w.process.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(w.process.pid, signal.SIGINT)
-    for w in pool:
-        w.process.join(STOP_WAIT_S)
-
-
-def _interrupt_once(signum: int, frame: Any) -> None:
-    """A worker's SIGINT handler: the first stops the job (``KeyboardInterrupt``), later ones
-    (the terminal's and the parent's both arrive) are ignored while it winds down."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-def _requeue(job: Job, deaths: dict[tuple[str, ...], int],
-             queue: collections.deque[Job]) -> Iterator[list[JobResult]]:
-    """A job whose worker died: release its claims, report the runs it finished, and queue
-    the rest again (after :data:`WORKER_DEATHS` deaths, the job is lost: :func:`lost_job_results`
-    records its released runs as failed and leaves any another worker has claimed since)."""
-    store = Store(job.root)
-    store.release_dead()
-    rows = {r["key"]: r for r in store.rows()}
-    keep = [i for i, k in enumerate(job.keys) if rows.get(k, {}).get("state") != "done"]
-    finished = [JobResult(k, label, "trained", rows[k]["status"])
-                for k, label in zip(job.keys, job.labels, strict=True) if k in rows
-                and rows[k]["state"] == "done"]
-    if finished:
-        yield finished
-    if not keep:
-        return
-    rest = dataclasses.replace(job, keys=tuple(job.keys[i] for i in keep),
-                               labels=tuple(job.labels[i] for i in keep),
-                               configs=tuple(job.configs[i] for i in keep))
-    n = deaths[rest.keys] = deaths.get(job.keys, 0) + 1
-    if n < WORKER_DEATHS:
-        queue.appendleft(rest)
-        return
-    yield lost_job_results(rest, f"its worker process died {n} times (killed, or out of "
-                                 "memory); run `modbench study run` again to retry it")
-
-
-@dataclass(frozen=True)
-class _IndexFailed:
-    """A worker's answer when the study's index cannot be written (:class:`StoreWriteError`):
-    its one line, for the parent to stop the study with."""
-
-    message: str
-
-
-def _worker_main(conn: Any) -> None:
-    """A worker process: run the jobs that arrive on ``conn`` until it sends None."""
-    signal.signal(signal.SIGINT, _interrupt_once)
-    try:
-        while (job := conn.recv()) is not None:
-            try:
-                conn.send(execute_job(job))
-            except StoreWriteError as e:  # one line to the parent, no traceback here
-                conn.send(_IndexFailed(str(e)))
-                return
-    except (EOFError, KeyboardInterrupt):  # the parent is gone, or Ctrl-C reached us too
-        pass
-
-
-class _Worker:
-    """One worker process of :class:`LocalExecutor`, its pipe and the job it holds."""
-
-    def __init__(self, ctx: Any, job: Job) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-        self.process.start()
-        child.close()
-        self.job: Job | None = None
-        self.give(job)
-
-    def give(self, job: Job) -> None:
-        self.job = job
-        self.conn.send(job)
-
-    def close(self) -> Job | None:
-        """Stop the worker (if it still runs); return the job it died holding, if any."""
-        if self.process.is_alive() and self.job is None:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join()
-        self.conn.close()
-        lost, self.job = self.job, None
-        return lost
-
-
-EXECUTORS = EXECUTOR_NAMES
-
-
-def make_executor(name: str, workers: int | None, options: ExecutorOptions | None = None,
+def make_executor(name: str, workers: int | None, options: Mapping[str, Any] | None = None,
                   *, verbose: bool = False) -> Executor:
-    """The executor ``name`` (``local``, ``ray`` or ``slurm``) with ``options`` checked; the
-    cluster executors import ray or submitit only here."""
-    opts = options or ExecutorOptions()
-    check_options(name, opts, workers)
-    if name == "ray":
-        require("ray", "ray")
-        from modbench.study.ray_executor import RayExecutor
-
-        return RayExecutor(opts, verbose=verbose)
-    if name == "slurm":
-        require("submitit", "slurm")
-        from modbench.study.slurm_executor import SlurmExecutor
-
-        return SlurmExecutor(opts, verbose=verbose)
-    return LocalExecutor(workers, opts.gpus_per_run)
+    """The executor registered as ``name`` (:mod:`modbench.study.executors`), its ``options``
+    (and ``--workers``) read and checked by its kind; a cluster executor's package (ray,
+    submitit) is imported only here."""
+    kind = executors.get(name)
+    return kind.create(kind.options(options, workers), verbose=verbose)
 
 
 ENSEMBLES = ("auto", "on", "off")
@@ -313,35 +89,16 @@ def use_ensembles(choice: str, gpus_per_job: int | None = None) -> bool:
     return choice == "on"
 
 
-def stack_memory(executor: str, gpus: int | None) -> int | None:
-    """The device memory (bytes) stacked seeds are planned against (:func:`_jobs`): the
-    local GPU's, or on a cluster of one GPU per job the catalogue's H100 80 GB (a run's
-    ``train.device_memory_gb`` overrides either); None on the CPU, where RAM does not bound
-    stacking."""
-    if executor != "local":
-        if gpus != 1:
-            return None
-        from modbench.runtime.gpus import lookup
-
-        return lookup("h100-80gb").memory_bytes
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    from modbench.runtime.gpus import device_memory_bytes
-
-    return device_memory_bytes(torch.device("cuda", 0))
-
-
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
-              options: ExecutorOptions | None = None,
+              options: Mapping[str, Any] | None = None,
               spending: str = "obrien_fleming") -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
-    ``executor``: ``local``, ``ray`` or ``slurm``, with its resources and cluster settings in
-    ``options`` (:class:`modbench.study.cluster.ExecutorOptions`).
+    ``executor``: a registered executor's name (:func:`modbench.study.executors.names`:
+    ``local``, ``ray``, ``slurm``), with the options given to it in ``options``
+    (:class:`modbench.study.executors.ExecutorOptions`, or its kind's options dataclass).
     ``workers``: parallel worker processes of the local executor (None: :func:`auto_workers`).
     ``ensembles``: whether a method's seeds at a scale train stacked in one process
     (:func:`use_ensembles`; methods that cannot stack train seed by seed).
@@ -360,6 +117,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
             raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
                                 f"{until_decided}) and --spending one of "
                                 f"{', '.join(SPENDING)} (got {spending!r})")
+    kind = executors.get(executor)  # an unknown name: one line, before anything is written
     runs = expand(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
@@ -384,8 +142,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         failures: list[str] = []
         gpus = ex.gpus_per_job
         nproc = nproc_for(gpus)
-        stack = use_ensembles(ensembles, None if executor == "local" else gpus)
-        memory = stack_memory(executor, gpus) if stack else None
+        stack = use_ensembles(ensembles, kind.ensemble_gpus(gpus))
+        memory = kind.stack_memory(gpus) if stack else None
         asked: set[str] = set()
         while runs:
             _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc,
@@ -507,9 +265,9 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
           nproc: int = 1, memory: int | None = None) -> list[Job]:
     """One job per run; with ``stack``, one job per group of runs that differ only in their
     init seed (same scale, method and data order) when the method can stack, and, with
-    ``memory`` (device bytes, :func:`stack_memory`), only as many seeds a job as the memory
-    plan fits on that device (:func:`modbench.analysis.plan.max_ensembles`). With ``nproc``
-    > 1 every run is one torchrun group: one run per job."""
+    ``memory`` (device bytes, the executor kind's ``stack_memory``), only as many seeds a job
+    as the memory plan fits on that device (:func:`modbench.analysis.plan.max_ensembles`).
+    With ``nproc`` > 1 every run is one torchrun group: one run per job."""
     from modbench.methods.build import plan
 
     groups: dict[str, list[RunSpec]] = {}

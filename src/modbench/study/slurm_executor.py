@@ -1,4 +1,6 @@
-"""The SLURM executor (``modbench study run --executor slurm``), through submitit.
+"""The SLURM executor (``modbench study run --executor slurm``), through submitit. Its
+options, checks, dry-run rows and GPU accounting are its kind's
+(:mod:`modbench.study.executors.slurm`).
 
 Every wave of a study (its runs, then each ``--until-decided`` round) is one job array
 (``AutoExecutor.map_array``): one array task per job, with ``--gpus-per-run`` GPUs and
@@ -35,7 +37,7 @@ import dataclasses
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +46,8 @@ import submitit
 from modbench.config import from_dict
 from modbench.errors import ModbenchError
 from modbench.runtime.checkpoint import Preempted
-from modbench.study.cluster import (
-    SLURM_MAX_TIMEOUTS,
-    SLURM_TIME_MIN,
-    ExecutorOptions,
-    cpus_for,
-    gpus_for,
-    one_line,
-    slurm_extra,
-)
+from modbench.study.executors.base import one_line
+from modbench.study.executors.slurm import KIND, SlurmOptions, extra_parameters
 from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
 
 #: seconds before the end of an allocation at which SLURM signals a task: time to finish a
@@ -98,47 +93,47 @@ class SlurmExecutor:
     each task a local process: for tests). ``task``: the callable each array task runs (a
     :class:`StudyTask`; a subclass may add set-up)."""
 
-    def __init__(self, options: ExecutorOptions, *, verbose: bool = False,
+    def __init__(self, options: SlurmOptions | Mapping[str, Any], *, verbose: bool = False,
                  cluster: str = "slurm", poll_s: float | None = None,
                  task: StudyTask | None = None) -> None:
         if cluster == "slurm" and shutil.which("sbatch") is None:
             raise ModbenchError("--executor slurm needs SLURM's sbatch, which is not on this "
                                 "machine's PATH; run it on a cluster login node, or see what it "
                                 "would submit with --dry-run")
-        self.options = options
+        self.options: SlurmOptions = KIND.options(options)
         self.verbose = verbose
         self.cluster = cluster
         self.poll_s = poll_s if poll_s is not None else (15.0 if cluster == "slurm" else 0.5)
         self.task = task or StudyTask()
-        self.gpus_per_job = gpus_for("slurm", options, cluster_has_gpus=True)
-        self.cpus = cpus_for(options, self.gpus_per_job)
+        self.gpus_per_job = KIND.gpus(self.options)
+        self.cpus = KIND.cpus(self.options, self.gpus_per_job)
         self.submitted: list[Any] = []  # the submitit jobs of the last wave
 
     def folder(self, root: Path) -> Path:
-        return Path(self.options.slurm_folder) if self.options.slurm_folder else root / "slurm"
+        return KIND.folder(self.options, root)
 
     def _executor(self, root: Path, jobs: list[Job]) -> submitit.AutoExecutor:
         o = self.options
-        timeouts = SLURM_MAX_TIMEOUTS if o.slurm_max_timeouts is None else o.slurm_max_timeouts
+        timeouts = o.timeouts_allowed
         ex = submitit.AutoExecutor(folder=self.folder(root), cluster=self.cluster,
                                    slurm_max_num_timeout=timeouts,
                                    local_max_num_timeout=timeouts)
         params: dict[str, Any] = {
             "name": f"modbench-{root.name}",
             "slurm_signal_delay_s": SIGNAL_DELAY_S,
-            "timeout_min": o.slurm_time or SLURM_TIME_MIN,
+            "timeout_min": o.time_min,
             "nodes": 1,
             "tasks_per_node": 1,  # one process per job; a multi-GPU run starts torchrun itself
             "gpus_per_node": self.gpus_per_job,
             "cpus_per_task": self.cpus,
-            "mem_gb": o.slurm_mem_gb if o.slurm_mem_gb is not None else host_memory_gb(jobs),
-            "slurm_partition": o.slurm_partition,
-            "slurm_account": o.slurm_account,
-            "slurm_qos": o.slurm_qos,
-            "slurm_constraint": o.slurm_constraint,
-            "slurm_array_parallelism": o.slurm_array_parallelism,
-            "slurm_setup": list(o.slurm_setup) or None,
-            "slurm_additional_parameters": slurm_extra(o) or None,
+            "mem_gb": o.mem_gb if o.mem_gb is not None else host_memory_gb(jobs),
+            "slurm_partition": o.partition,
+            "slurm_account": o.account,
+            "slurm_qos": o.qos,
+            "slurm_constraint": o.constraint,
+            "slurm_array_parallelism": o.array_parallelism,
+            "slurm_setup": list(o.setup) or None,
+            "slurm_additional_parameters": extra_parameters(o) or None,
         }
         ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
         return ex
