@@ -1,0 +1,224 @@
+"""The early stall stop's false-stop rate: how often a run that met the mid-run stall rule at
+step s would have left the unigram level by the end (docs/runs.md, "Stopping stalled runs").
+
+Each case is trained once to the end without an early stop, validating every ``--every``
+steps; its validation curve, unigram level and warm-up are recorded. The rule
+(``train.stop_stalled_after``: the trainer's stop, :func:`modbench.runtime.stall.stalled_at`
+over the points so far, with ``min_steps`` = the patience) is then replayed on each curve at
+several patiences and at two validation cadences: the setting's own (100 steps for both
+presets) and every ``--every`` steps (more chances to stop wrongly). A stop is *false* when the
+whole run is not stalled by the end-of-run rule (``check_stall``), i.e. the stop changed its
+status.
+
+Usage::
+
+    python benchmarks/stall_rule.py                          # train, replay, markdown table
+    python benchmarks/stall_rule.py --replay benchmarks/results/stall_rule-2026-11-26.json
+    python benchmarks/stall_rule.py --cases builtin --methods baseline,post_ln --every 20
+    python benchmarks/stall_rule.py --resume --runs builtin/post_ln/0,deep-lr1e-3/baseline/0
+
+The curves are written to ``--out`` after each run (``--resume`` keeps them and trains the
+rest; ``--budget-s`` stops training once that many CPU seconds are spent). One thread, a
+``cpu-deep`` run of 500 steps took about 190 CPU s on the 2-core machine, a ``cpu-small`` one
+several times that: the full default list does not fit 25 minutes of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modbench.config import resolve
+from modbench.runtime.runfolder import read_metrics, val_points
+from modbench.runtime.stall import stalled_at
+
+BUILTIN = ["baseline", "post_ln", "deepnorm", "mix_ln", "ln_scaling", "post_ln+comt"]
+# cpu-small: the built-in study's norm placements first, then two other norm replacements
+# of the catalogue (where a stall could hide)
+SMALL = ["baseline", "post_ln", "deepnorm", "dyt", "ngpt", "mix_ln", "ln_scaling", "post_ln+comt"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One setting: a preset, its overrides, the cadence its study validates at, and the
+    (method, seed) runs trained at it."""
+
+    name: str
+    preset: str
+    overrides: tuple[str, ...]
+    cadence: int
+    runs: tuple[tuple[str, int], ...]
+
+
+def cases(every: int, methods: list[str] | None) -> dict[str, Case]:
+    def pick(ms: list[str]) -> list[str]:
+        return [m for m in dict.fromkeys(ms) if methods is None or m in methods]
+
+    deep3 = ("recipe.lr=3e-3", "train.steps=500")
+    return {
+        # builtin-cpu.yaml's settings (cpu-deep, lr 3e-3, 500 steps)
+        "builtin": Case("builtin", "cpu-deep", deep3, 100,
+                        tuple((m, 0) for m in pick(BUILTIN))),
+        # the known late recoveries (LOG.md 2026-11-22 / 11-23): Pre-LN at cpu-deep's own
+        # lr 1e-3 sits near the level from step 100 to 300, then learns; DeepNorm seed 0
+        # escaped the stall in a 300-step schedule at lr 3e-3
+        "deep-lr1e-3": Case("deep-lr1e-3", "cpu-deep", ("train.steps=500",), 100,
+                            tuple((m, s) for m in pick(["baseline"]) for s in (0, 1))),
+        "deep-300": Case("deep-300", "cpu-deep", ("recipe.lr=3e-3", "train.steps=300"), 100,
+                         tuple((m, 0) for m in pick(["deepnorm", "post_ln"]))),
+        # cpu-small's own settings (300 steps, recipe cpu)
+        "cpu-small": Case("cpu-small", "cpu-small", (), 100,
+                          tuple((m, 0) for m in pick(SMALL))),
+    }
+
+
+def train_curve(case: Case, method: str, seed: int, every: int, threads: int,
+                root: Path) -> dict[str, Any]:
+    """Train one run to the end (no early stop) and return its curve and what the rule
+    needs."""
+    from modbench.train.trainer import Trainer
+
+    cfg = resolve(case.preset, method=method, seed=seed, overrides=[
+        *case.overrides, f"train.eval_every={every}", f"train.threads={threads}",
+        "train.log_layers=false", "train.checkpoint_every=0"])
+    out = root / f"{case.name}-{method.replace('+', '_')}-s{seed}"
+    t0, c0 = time.perf_counter(), time.process_time()
+    summary = Trainer(cfg, out, progress=False).run()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    vals = val_points(read_metrics(out))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"case": case.name, "method": method, "seed": seed, "steps": cfg.train.steps,
+            "warmup": cfg.recipe.warmup_for(cfg.train.steps), "margin": cfg.train.stall_margin,
+            "patience_frac": cfg.train.stall_patience, "min_steps": cfg.train.stall_min_steps,
+            "cadence": case.cadence, "level": summary["unigram_loss"],
+            "status": summary["status"], "stalled_at_step": summary["stalled_at_step"],
+            "final_val_loss": summary["final_val_loss"], "vals": vals,
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+
+
+def first_stop(run: dict[str, Any], patience: int, cadence: int) -> tuple[int, int] | None:
+    """(the step the run would stop at, its stalled_at_step) under the stop rule with this
+    patience, validating every ``cadence`` steps; None: it never stops."""
+    vals = [(s, v) for s, v in run["vals"] if s % cadence == 0 or s == run["steps"]]
+    for i, (t, _) in enumerate(vals):
+        if t >= run["steps"]:  # the last validation: the run ends there anyway
+            break
+        at = stalled_at(vals[:i + 1], run["level"], steps=t, warmup=run["warmup"],
+                        margin=run["margin"], patience=0.0, min_steps=patience)
+        if at is not None:
+            return t, at
+    return None
+
+
+def stalled_at_end(run: dict[str, Any], cadence: int) -> bool:
+    """The end-of-run rule on the whole curve at this cadence (the status without a stop)."""
+    vals = [(s, v) for s, v in run["vals"] if s % cadence == 0 or s == run["steps"]]
+    return stalled_at(vals, run["level"], steps=run["steps"], warmup=run["warmup"],
+                      margin=run["margin"], patience=run["patience_frac"],
+                      min_steps=run["min_steps"]) is not None
+
+
+def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
+    """The markdown table: per patience and cadence, runs that met the rule, how many of them
+    would have recovered (false stops), and the steps the stop saves."""
+    lines = ["| cadence | patience (steps) | runs | met the rule | recovered (false stops) | "
+             "rate | steps saved |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for label in ("study's", f"every {every}"):
+        for p in patiences:
+            met = false = saved = 0
+            total = sum(r["steps"] for r in runs)
+            names: list[str] = []
+            for r in runs:
+                cadence = r["cadence"] if label == "study's" else every
+                stop = first_stop(r, p, cadence)
+                if stop is None:
+                    continue
+                met += 1
+                saved += r["steps"] - stop[0]
+                if not stalled_at_end(r, cadence):
+                    false += 1
+                    names.append(f"{r['case']}/{r['method']}/s{r['seed']}@{stop[0]}")
+            rate = f"{false / met:.0%}" if met else "–"
+            lines.append(f"| {label} | {p} | {len(runs)} | {met} | {false}"
+                         f"{' (' + ', '.join(names) + ')' if names else ''} | {rate} | "
+                         f"{saved} of {total} ({saved / total:.0%}) |")
+    return "\n".join(lines)
+
+
+def curves_table(runs: list[dict[str, Any]]) -> str:
+    lines = ["| case | method | seed | status | final | unigram | validations at the level "
+             "(within the margin) after warm-up | CPU s |", "|---|---|---:|---|---:|---:|---|---:|"]
+    for r in runs:
+        lo = r["level"] - r["margin"]
+        at = [s for s, v in r["vals"] if s > r["warmup"] and v is not None and v >= lo]
+        spans: list[list[int]] = []  # runs of consecutive validations, as first–last
+        steps = [s for s, _ in r["vals"]]
+        for s in at:
+            if spans and steps.index(s) == steps.index(spans[-1][-1]) + 1:
+                spans[-1].append(s)
+            else:
+                spans.append([s])
+        shown = ", ".join(f"{x[0]}–{x[-1]}" if len(x) > 1 else str(x[0]) for x in spans)
+        lines.append(f"| {r['case']} | `{r['method']}` | {r['seed']} | {r['status']} | "
+                     f"{r['final_val_loss']:.3f} | {r['level']:.3f} | {shown or '–'} | "
+                     f"{r['cpu_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="builtin,deep-lr1e-3,deep-300,cpu-small")
+    ap.add_argument("--methods", default=None, help="comma-separated: only these methods")
+    ap.add_argument("--every", type=int, default=20, help="validate every K steps")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--patiences", default="40,60,100,150,200,300")
+    ap.add_argument("--out", default="benchmarks/results/stall_rule-2026-11-26.json")
+    ap.add_argument("--replay", default=None, help="a results JSON: replay only, no training")
+    ap.add_argument("--budget-s", type=float, default=1500.0,
+                    help="train no further run once this many CPU seconds are spent")
+    ap.add_argument("--runs", default=None,
+                    help="comma-separated CASE/METHOD/SEED: these runs, in this order, instead "
+                         "of every run of --cases")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in --out and train only the others")
+    args = ap.parse_args(argv)
+    patiences = [int(p) for p in args.patiences.split(",")]
+    if args.replay:
+        runs = json.loads(Path(args.replay).read_text())["runs"]
+    else:
+        methods = args.methods.split(",") if args.methods else None
+        table = cases(args.every, methods)
+        todo = ([(c, m, int(sd)) for c, m, sd in (x.split("/") for x in args.runs.split(","))]
+                if args.runs else [(c, m, sd) for c in args.cases.split(",")
+                                   for m, sd in table[c].runs])
+        runs = json.loads(Path(args.out).read_text())["runs"] if args.resume else []
+        done = {(r["case"], r["method"], r["seed"]) for r in runs}
+        with tempfile.TemporaryDirectory(prefix="stall_rule-") as tmp:
+            for name, method, seed in todo:
+                case = table[name]
+                if (name, method, seed) not in done:
+                    if sum(r["cpu_s"] for r in runs) > args.budget_s:
+                        print(f"budget spent: {name} {method} s{seed} not trained", flush=True)
+                        continue
+                    r = train_curve(case, method, seed, args.every, args.threads, Path(tmp))
+                    print(f"{name} {method} s{seed}: {r['status']} {r['final_val_loss']:.3f} "
+                          f"(unigram {r['level']:.3f}) {r['cpu_s']} cpu s", flush=True)
+                    runs.append(r)
+                    Path(args.out).write_text(json.dumps(
+                        {"every": args.every, "threads": args.threads, "runs": runs}) + "\n")
+    print(curves_table(runs))
+    print()
+    print(replay(runs, patiences, args.every))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
