@@ -46,7 +46,7 @@ def test_noisy_fit_agrees_with_curve_fit(seed: int) -> None:
     ours = fit_power_law(N, y)
     assert ours is not None and not ours.fallback
     ref, _ = curve_fit(law, N, y, p0=(E, A, alpha), maxfev=20000)
-    assert ours.E == pytest.approx(ref[0], rel=1e-4)
+    assert pytest.approx(ref[0], rel=1e-4) == ours.E
     assert ours.alpha == pytest.approx(ref[2], rel=1e-3)
     sse = lambda p: float(np.sum((law(N, *p) - y) ** 2))  # noqa: E731
     assert sse((ours.E, ours.A, ours.alpha)) <= sse(ref) * (1 + 1e-6)

@@ -46,7 +46,7 @@ def test_ladder_smoke_reports_fits_figure_and_prediction(
         assert d["fit_params"] is not None and lo <= d["fit_params"]["alpha"] <= hi
         p = d["prediction"]
         assert p["scale"] == "smoke-top" and p["loss_pi"][0] < p["loss"] < p["loss_pi"][1]
-        measured = [r["mean_loss"] for r in d["rungs"] if r["scale"] == "smoke-top"][0]
+        measured = next(r["mean_loss"] for r in d["rungs"] if r["scale"] == "smoke-top")
         assert p["observed"] == measured and math.isfinite(p["z"])
         if m == "qknorm":
             assert d["trend"] in ("grows", "shrinks", "crosses zero", "flat")

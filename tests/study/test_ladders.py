@@ -101,7 +101,7 @@ def test_ladder_scales_syntax() -> None:
     assert ladder_scales("ladder(cpu, 4)") == cpu[:4]
     assert ladder_scales(" ladder( cpu ) ") == cpu
     assert ladder_scales("cpu-small") is None
-    with pytest.raises(ModbenchError, match="unknown ladder 'cpus'.*did you mean 'cpu'"):
+    with pytest.raises(ModbenchError, match=r"unknown ladder 'cpus'.*did you mean 'cpu'"):
         ladder_scales("ladder(cpus, 4)")
     with pytest.raises(ModbenchError, match=r"ladder\(cpu, 9\): the cpu ladder has 6 rungs"):
         ladder_scales("ladder(cpu, 9)")

@@ -22,9 +22,10 @@ than 2 distinct x there is no fit.
 **Uncertainty: the seed bootstrap.** ``BOOT`` resamples; in each, every (method, rung) draws
 its seeds with replacement (independently, ``numpy.random.default_rng(seed)``), the drawn
 mean's deviation from the rung mean scaled by ``sqrt(n / (n - 1))`` (so it has the variance of
-a mean of n seeds; the plain bootstrap's is (n - 1)/n of it), its means are refitted, and every derived number (alpha, E, gaps, multiplier, predictions) is computed from
-that replicate, the method's replicate b paired with the baseline's replicate b. Intervals
-are the 2.5 % and 97.5 % percentiles. A rung with one seed contributes no spread of its own.
+a mean of n seeds; the plain bootstrap's is (n - 1)/n of it), its means are refitted, and
+every derived number (alpha, E, gaps, multiplier, predictions) is computed from that
+replicate, the method's replicate b paired with the baseline's replicate b. Intervals are the
+2.5 % and 97.5 % percentiles. A rung with one seed contributes no spread of its own.
 
 **Gap and trend.** The gain at a rung is ``mean L(baseline) - mean L(method)`` (positive: the
 method is better). Its trend along the ladder is the least-squares slope of the gain against
