@@ -36,7 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @dataclass(frozen=True)
 class ToyOptions:
     gpus_per_run: int | None = None
-    tag: str = "untagged"  # given as toy_tag
+    tag: str = "untagged"  # given as toy_tag (--executor-option toy-tag=...)
+    width: int = 1
 
 
 class ToyExecutor:
@@ -102,11 +103,12 @@ def test_a_toy_executor_registered_here_runs_a_study(toy: ToyKind, tmp_path: Pat
     assert "toy" in executors.names()
     spec, out = write_spec(tmp_path), tmp_path / "study"
     code = run_cli(["study", "run", str(spec), "--out", str(out), "--executor", "toy",
+                    "--executor-option", "toy-tag=cli", "--executor-option", "toy_width=3",
                     "--no-progress", "--no-report"])
     assert code == 0, capsys.readouterr().err
     assert "2 runs, 0 already done, 2 trained" in capsys.readouterr().out
     (ex,) = toy.made
-    assert ex.closed and ex.options == ToyOptions()
+    assert ex.closed and ex.options == ToyOptions(tag="cli", width=3)  # read as its types
     rows = Store(out).rows()
     assert sorted(k for keys in ex.ran for k in keys) == sorted(r["key"] for r in rows)
     assert {(r["method"], r["state"], r["status"]) for r in rows} == {
@@ -137,6 +139,7 @@ def test_a_toy_executor_plans_a_dry_run(toy: ToyKind, tmp_path: Path,
     ("local", {"toy_tag": "x"}, "--toy-tag applies to --executor toy only (got --executor local)"),
     ("toy", {"toy_tag": ""}, "--toy-tag must not be empty"),
     ("toy", {"toy_colour": "red"}, "--toy-colour is no option of any executor"),
+    ("toy", {"toy_width": "wide"}, "--toy-width takes a number (int), got 'wide'"),
 ])
 def test_options_are_read_and_checked_by_their_kind(toy: ToyKind, tmp_path: Path, executor: str,
                                                     given: dict[str, Any], msg: str) -> None:

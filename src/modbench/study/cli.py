@@ -95,6 +95,10 @@ def run(
     slurm_extra: Annotated[list[str] | None, typer.Option(
         help="Any other sbatch option as KEY=VALUE, repeatable. Example: --slurm-extra "
              "mail-type=END --slurm-extra exclude=node07.", rich_help_panel=_SLURM)] = None,
+    executor_option: Annotated[list[str] | None, typer.Option(
+        help="Any option of the chosen executor as KEY=VALUE, KEY its flag without the dashes "
+             "(for an executor without flags of its own), repeatable. Example: "
+             "--executor-option slurm-qos=high.", rich_help_panel=_CLUSTER)] = None,
     gpu_type: Annotated[str | None, typer.Option(
         help="GPU whose dense bf16 peak the estimate uses: H100, H200, A100, B200 (default: "
              "H100). Example: --gpu-type A100.", rich_help_panel=_DRY)] = None,
@@ -113,7 +117,7 @@ def run(
     Example: modbench study run seed002-1.2b --executor slurm --gpus-per-run 8
     --slurm-partition gpu --slurm-time 1440 --dry-run
     """
-    from modbench.study.executors import ExecutorOptions
+    from modbench.study.executors import ExecutorOptions, parse_items
     from modbench.study.runner import run_study
     from modbench.study.spec import load_spec
 
@@ -126,6 +130,7 @@ def run(
         slurm_array_parallelism=slurm_array_parallelism, slurm_setup=tuple(slurm_setup or ()),
         slurm_folder=str(slurm_folder) if slurm_folder else None,
         slurm_max_timeouts=slurm_max_timeouts, slurm_extra=tuple(slurm_extra or ()))
+    options = ExecutorOptions(parse_items(executor_option or (), options))
     if dry_run:
         from modbench.study.plan import format_plan, plan_study, throughput
 

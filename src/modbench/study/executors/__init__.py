@@ -20,10 +20,12 @@ from modbench.study.executors.base import (
     names,
     nproc_for,
     one_line,
+    parse_items,
     register,
     require,
     unregister,
 )
 
 __all__ = ["CPUS_PER_GPU", "ExecutorKind", "ExecutorOptions", "get", "kinds", "local", "names",
-           "nproc_for", "one_line", "ray", "register", "require", "slurm", "unregister"]
+           "nproc_for", "one_line", "parse_items", "ray", "register", "require", "slurm",
+           "unregister"]

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator, Mapping
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -51,6 +53,51 @@ class ExecutorOptions(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"ExecutorOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+def parse_items(items: Iterable[str], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``--executor-option KEY=VALUE`` items (KEY a flag name without its dashes, ``-`` or
+    ``_`` alike: ``toy-tag=x``) added to ``given``; a key given twice keeps every value (a
+    sequence option). Values stay text until the executor's kind reads them."""
+    out: dict[str, Any] = dict(given)
+    added: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise ModbenchError(f"--executor-option takes KEY=VALUE (an executor's option "
+                                f"without its dashes, e.g. slurm-qos=high), got {item!r}")
+        if key in out:
+            raise ModbenchError(f"{flag(key)} is given twice (as a flag and as "
+                                "--executor-option); give it once")
+        added.setdefault(key, []).append(value.strip())
+    out.update({k: v[0] if len(v) == 1 else tuple(v) for k, v in added.items()})
+    return out
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    """A text value (``--executor-option``) as the type of the field it sets: ``int``,
+    ``float``, ``bool``, ``str``, or a tuple of text; anything else is passed through."""
+    if not isinstance(value, str | tuple):
+        return value
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if isinstance(
+        hint, types.UnionType) or typing.get_origin(hint) is typing.Union else [hint]
+    target = options[0] if options else str
+    if typing.get_origin(target) is tuple:
+        return (value,) if isinstance(value, str) else value
+    if isinstance(value, tuple):
+        raise ModbenchError(f"{flag(key)} takes one value, got {len(value)}")
+    if target is bool:
+        if value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ModbenchError(f"{flag(key)} takes true or false, got {value!r}")
+    if target in (int, float):
+        try:
+            return target(value)
+        except ValueError:
+            raise ModbenchError(f"{flag(key)} takes a number ({target.__name__}), got "
+                                f"{value!r}") from None
+    return value
 
 
 def flag(key: str) -> str:
@@ -104,7 +151,9 @@ class ExecutorKind:
             foreign = [k for k in values if k not in mine]
             if foreign:
                 raise ModbenchError(_foreign(self, foreign))
-            opts = self.options_type(**{mine[k]: v for k, v in values.items()})
+            hints = typing.get_type_hints(self.options_type)
+            opts = self.options_type(**{mine[k]: coerce(k, v, hints[mine[k]])
+                                        for k, v in values.items()})
         check_shared(opts)
         self.check(opts)
         return opts
