@@ -218,3 +218,17 @@ def test_no_source_outside_the_executors_compares_their_names() -> None:
         if lines:
             found[str(path.relative_to(SRC))] = lines
     assert found == {}
+
+
+def test_a_kinds_own_options_dataclass_is_read_as_it_is(toy: ToyKind) -> None:
+    """run_study(options=ToyOptions(...)) skips the flag names; --workers still goes to the
+    executors that take it, and the kind's checks still run."""
+    kind = executors.get("toy")
+    assert kind.options(ToyOptions(tag="x"), workers=1) == ToyOptions(tag="x")
+    with pytest.raises(ModbenchError, match=r"--workers applies to --executor local only \(got "
+                                            r"--executor toy\)"):
+        kind.options(ToyOptions(), workers=2)
+    with pytest.raises(ModbenchError, match="--toy-tag must not be empty"):
+        kind.options(ToyOptions(tag=""))
+    local = executors.get("local")
+    assert local.options(local.options_type(), workers=3).workers == 3

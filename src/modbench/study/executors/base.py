@@ -141,6 +141,10 @@ class ExecutorKind:
         this kind does not take is refused in one line naming the executors that do."""
         if isinstance(given, self.options_type):
             opts = given
+            if workers is not None and workers != getattr(opts, "workers", 1):
+                if "workers" not in self.fields():
+                    raise ModbenchError(_foreign(self, ["workers"]))
+                opts = dataclasses.replace(opts, workers=workers)
         else:
             values = dict(ExecutorOptions(given or {}))
             if workers is not None:
