@@ -22,8 +22,6 @@ TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".json", ".txt", ".cfg"
 EXCLUDED = {
     "tests/test_sources.py": "it spells out the citations it looks for",
     "LOG.md": "the project's dated log: what was said then, kept as written",
-    "src/modbench/study/spec.py": "owned by another engineer this session (issue 30 brief K); "
-                                  "its two example claim sources still read seeds/000",
 }
 #: The page that explains the old names: checked for its links and anchors only.
 OLD_NAMES_EXPLAINED = {"docs/sources.md"}

@@ -295,7 +295,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
     * seeds: a configuration at a scale with fewer than :data:`MIN_SEEDS` finite seeds
       (the baseline included; not one whose verdict is a failure, diverged or stalled: its
       failed seeds are its result), or a scale with runs but no finished baseline;
-    * steps: finished, non-diverged runs that stopped before their planned steps, and runs
+    * steps: finished runs, not diverged or stalled, that stopped before their planned steps
+      (a stalled run may stop early: ``train.stop_stalled_after``), and runs
       that did not finish (failed, pending, running: they are in no table);
     * data: runs that should have seen the same batches and did not, runs that stalled at the
       unigram level (status ``stalled``), and completed runs that did not learn at all, which
@@ -324,8 +325,10 @@ def budget_warnings(results: StudyResults) -> list[str]:
         out.append(f"Fewer than {MIN_SEEDS} finite seeds, short of the seed protocol's "
                    f"{MIN_SEEDS} per configuration (arXiv 2605.20798 §3.3): " + "; ".join(few)
                    + ". Verdicts resting on so few seeds are provisional.")
-    stopped = [r for r in rows if r.state == "done" and not r.diverged and r.steps is not None
-               and r.steps_planned is not None and r.steps < r.steps_planned]
+    # (a stalled run stopped early by train.stop_stalled_after is in the data warnings)
+    stopped = [r for r in rows if r.state == "done" and not r.diverged and not r.stalled
+               and r.steps is not None and r.steps_planned is not None
+               and r.steps < r.steps_planned]
     if stopped:
         out.append(f"{len(stopped)} finished run(s) stopped before their planned steps: "
                    + ", ".join(f"`{r.method}` seed {r.seed} at {r.scale} ({r.steps} of "

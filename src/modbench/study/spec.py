@@ -17,7 +17,7 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
     evaluation: {probes: true, tasks: [], limit: null, primary: null,
                  diagnostics: {batches: 2, seeds: [0]}}   # optional: `modbench diagnose`
     claim:                            # optional: a published claim the verdicts test
-      source: "seeds/000 Table 3"
+      source: "CoMT preprint Table 3 (docs/sources.md#comt)"
       text: "Post-LN stalls on a deep, narrow model at a raised learning rate."
       expect: {post_ln: [stalled, diverged]}    # the verdicts that agree with it
 
@@ -101,7 +101,7 @@ class ClaimSpec:
     """A published claim the study tests: where it is made, what it says, and the verdict (or
     verdicts) against the baseline that agree with it, per method."""
 
-    source: str = ""  # e.g. "seeds/000 Table 3; seeds/002 §5.3"
+    source: str = ""  # e.g. "CoMT preprint Table 3; arXiv 2605.20798 §5.3"
     text: str = ""  # the claim, in a sentence or two
     expect: dict[str, list[str]] = field(default_factory=dict)  # method -> agreeing verdicts
 
