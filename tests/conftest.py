@@ -10,6 +10,16 @@ import pytest
 import torch
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n 2``), the cores shared among the workers: each worker's torch
+    and the processes its tests start get cores / workers threads, not all of them each."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Point MODBENCH_CACHE at one temporary folder for the whole session, so the built-in

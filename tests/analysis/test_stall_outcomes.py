@@ -172,9 +172,13 @@ def test_the_report_lists_the_stall(stalled_run: Path, tmp_path: Path,
     assert cells[:7] == ["tiny", f"`{r.method}`", "0", "stalled", "10", f"{r.val_loss:.4f}",
                          f"{r.unigram_loss:.4f}"]
     table2 = md.split("## Methods against the baseline")[1].split("\n## ")[0]
-    (line,) = [x for x in table2.splitlines() if x.startswith(f"| `{r.method}`")]
+    # the verdict's table first, then the table of what each method trained
+    line = [x for x in table2.splitlines() if x.startswith(f"| `{r.method}`")][0]
+    header = next(x for x in table2.splitlines() if x.startswith("| method |"))
+    cols = [c.strip() for c in header.strip().strip("|").split("|")]
     assert "(fewer than baseline; +1 stalled)" not in line and "+1 stalled" in line
-    assert line.rstrip(" |").split("|")[-5].strip() == "stalled"  # the verdict cell
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    assert cells[cols.index("verdict")] == "stalled"  # the verdict cell
     csv_rows = {x["key"]: x for x in csv.DictReader((out / "results.csv").open())}
     assert (csv_rows["stall"]["status"], csv_rows["stall"]["stalled_at_step"]) == ("stalled",
                                                                                    "10")
