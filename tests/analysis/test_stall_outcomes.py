@@ -173,7 +173,7 @@ def test_the_report_lists_the_stall(stalled_run: Path, tmp_path: Path,
                          f"{r.unigram_loss:.4f}"]
     table2 = md.split("## Methods against the baseline")[1].split("\n## ")[0]
     # the verdict's table first, then the table of what each method trained
-    line = [x for x in table2.splitlines() if x.startswith(f"| `{r.method}`")][0]
+    line = next(x for x in table2.splitlines() if x.startswith(f"| `{r.method}`"))
     header = next(x for x in table2.splitlines() if x.startswith("| method |"))
     cols = [c.strip() for c in header.strip().strip("|").split("|")]
     assert "(fewer than baseline; +1 stalled)" not in line and "+1 stalled" in line
