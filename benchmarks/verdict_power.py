@@ -63,7 +63,7 @@ def sequential() -> None:
             b, m = V.simulate(rng, SEQ_N, 10, e, 10, noise,
                               None if scales is None else np.asarray(scales))
             out = Q.run(b, m, 3, 3, 10, spending=spending)
-            f, pw = Q.rates(out.verdicts, e)
+            f, pw = V.rates(out.verdicts, e)
             print(f"{name}, {spending}: FWER {f:.4f} power {pw:.3f} seeds {out.seeds.mean():.1f}"
                   f" looks {out.looks.mean():.2f} alpha spent {out.spent.mean():.4f}",
                   flush=True)

@@ -160,15 +160,3 @@ def check_against_looks(base: np.ndarray, meth: np.ndarray, n_base: int, n_seeds
         assert len(history) == out.looks[i], (i, len(history), out.looks[i])
         assert math.isclose(history[-1].alpha_spent, out.spent[i], rel_tol=1e-9,
                             abs_tol=1e-12), i
-
-
-def rates(verdicts: np.ndarray, effects: np.ndarray) -> tuple[float, float]:
-    """Family-wise false-positive rate over the null methods, and how often the first planted
-    effect is found in its direction (NaN without one)."""
-    nulls = np.asarray(effects) == 0
-    fwer = float(np.mean((verdicts[:, nulls] != 0).any(axis=1)))
-    planted = np.flatnonzero(~nulls)
-    if planted.size == 0:
-        return fwer, math.nan
-    j = int(planted[0])
-    return fwer, float(np.mean(verdicts[:, j] == np.sign(effects[j])))

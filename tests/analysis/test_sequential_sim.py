@@ -50,7 +50,7 @@ def test_until_decided_as_shipped(name: str, seed: int) -> None:
     base, meth = V.simulate(np.random.default_rng(seed), DRAWS, CAP, eff, CAP, noise)
     out = Q.run(base, meth, N_BASE, N_SEEDS, CAP, spending=spending)
     Q.check_against_looks(base, meth, N_BASE, N_SEEDS, CAP, out, CHECK, spending)
-    fwer, power = Q.rates(out.verdicts, eff)
+    fwer, power = V.rates(out.verdicts, eff)
     print(f"\n{name}: family-wise rate {fwer:.4f}, power {power:.4f}, seeds "
           f"{out.seeds.mean():.1f}, looks {out.looks.mean():.2f} ({DRAWS} studies)")
     assert (out.spent <= 0.05 + 1e-12).all()
