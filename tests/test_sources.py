@@ -54,8 +54,9 @@ def repository_files(root: Path) -> list[str]:
     """The repository's text files (tracked, or new and not ignored), relative to ``root``."""
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
                          cwd=root, capture_output=True, text=True, check=True).stdout
-    return sorted(f for f in set(out.splitlines())
-                  if Path(f).suffix in TEXT_SUFFIXES and (root / f).is_file())
+    return sorted(f for f in set(out.splitlines())  # (never an installed package's files)
+                  if Path(f).suffix in TEXT_SUFFIXES and "site-packages" not in Path(f).parts
+                  and (root / f).is_file())
 
 
 def bad_citations(root: Path, files: list[str]) -> list[str]:
