@@ -129,6 +129,9 @@ def _write_report(results: StudyResults, out: Path) -> Path:
     from modbench.report.scaling import scaling_section
 
     blocks += scaling_section(results, out)  # fits along a ladder (3+ scales), scaling.json
+    from modbench.report.tuning import tuning_section
+
+    blocks += tuning_section(results, out)  # frozen versus tuned verdicts (spec tuning block)
     blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files

@@ -93,7 +93,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
               options: Mapping[str, Any] | None = None,
-              spending: str = "obrien_fleming") -> dict[str, Any]:
+              spending: str = "obrien_fleming",
+              runs: list[RunSpec] | None = None) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``.
 
     ``executor``: a registered executor's name (:func:`modbench.study.executors.names`:
@@ -109,7 +110,14 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     seed for each method not yet decided (:func:`modbench.analysis.stats.sequential_look`);
     the looks are kept in the study folder (``analysis.results.LOOKS_FILE``) and the report
     judges the study by them.
+
+    A spec with a ``tuning`` block then runs its tuning and tuned stages into ``out/tuning``
+    and ``out/tuned`` (:func:`modbench.study.tuning.run_tuning`), their runs added to the
+    counts. ``runs``: these runs instead of the spec's own (what those stages pass).
     """
+    if until_decided is not None and spec.tuning is not None:
+        raise ModbenchError("--until-decided adds seeds a tuned study's stages do not follow; "
+                            "run the tuned study with fixed seeds, or drop its tuning block")
     if until_decided is not None:
         from modbench.analysis.stats import SPENDING
 
@@ -118,7 +126,11 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
                                 f"{until_decided}) and --spending one of "
                                 f"{', '.join(SPENDING)} (got {spending!r})")
     kind = executors.get(executor)  # an unknown name: one line, before anything is written
-    runs = expand(spec)
+    runs = expand(spec) if runs is None else runs
+    if spec.tuning is not None:  # every grid value's runs resolve, before anything is written
+        from modbench.study.tuning import tuning_runs
+
+        tuning_runs(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
     from modbench.train.trackers import check_trackers
@@ -163,6 +175,17 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         ex.close()
         restore_env()
     counts["failures"] = failures
+    if spec.tuning is not None:  # stages 1 and 2 (study/tuning.py), each its own folder
+        from modbench.study.tuning import run_tuning
+
+        def stage(sub: StudySpec, folder: Path, stage_runs: list[RunSpec]) -> dict[str, Any]:
+            return run_study(sub, folder, executor=executor, workers=workers,
+                             ensembles=ensembles, progress=progress, options=options,
+                             runs=stage_runs)
+
+        for c in run_tuning(spec, out, stage):
+            for k, v in c.items():
+                counts[k] = counts[k] + v if k in counts else v
     return counts
 
 

@@ -20,6 +20,10 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
       source: "CoMT preprint Table 3 (docs/sources.md#comt)"
       text: "Post-LN stalls on a deep, narrow model at a raised learning rate."
       expect: {post_ln: [stalled, diverged]}    # the verdicts that agree with it
+    tuning:                           # optional: frozen versus tuned verdicts (study/tuning.py)
+      key: recipe.lr                  # a run config key
+      grid: [1e-3, 3e-3]              # its values tried for every scale and method
+      seeds: [100]                    # tuning seeds, disjoint from every verdict seed
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
@@ -107,6 +111,21 @@ class ClaimSpec:
 
 
 @dataclass
+class TuningSpec:
+    """``tuning``: each method (the baseline too) gets its best value of ``key`` from ``grid``
+    on the ``seeds`` (never a verdict seed), and its tuned verdict on the study's own seeds
+    (:mod:`modbench.study.tuning`; docs/studies.md, "Tuned versus frozen")."""
+
+    key: str = ""
+    grid: list[Any] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [100])
+
+
+#: keys a tuning block may not tune: what identifies a run, or what changes no result
+UNTUNABLE = ("seed", "preset", "model.method")
+
+
+@dataclass
 class StudySpec:
     name: str = "study"
     description: str = ""
@@ -119,6 +138,7 @@ class StudySpec:
     data: DataSpec = field(default_factory=DataSpec)
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     claim: ClaimSpec | None = None
+    tuning: TuningSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -274,6 +294,50 @@ def check_spec(spec: StudySpec) -> None:
         from modbench.eval.harness import check_task_files, expand_tasks
 
         check_task_files(expand_tasks(files)[1], ev.trust_task_code)
+    if spec.tuning is not None:
+        _check_tuning(spec.tuning, sd)
+
+
+def _check_tuning(t: TuningSpec, sd: Seeds) -> None:
+    """The tuning block: a tunable config key, a non-empty grid of values of its type, and
+    tuning seeds that no verdict uses (docs/statistics.md, "Tuned versus frozen")."""
+    from modbench.config import valid_keys
+
+    _want(isinstance(t.key, str) and t.key in valid_keys() and t.key not in UNTUNABLE
+          and t.key not in EXECUTION_KEYS, "tuning.key",
+          "a run config key that changes the run (e.g. recipe.lr; see docs/config.md)", t.key)
+    _want(isinstance(t.grid, list) and bool(t.grid), "tuning.grid",
+          f"a non-empty list of values of {t.key}", t.grid)
+    tuning_grid(t.key, t.grid)
+    _want(_seed_list(t.seeds, empty=False), "tuning.seeds",
+          f"a non-empty list of whole numbers from 0 to {MAX_SEED}", t.seeds)
+    shared = sorted(set(t.seeds) & (set(sd.default) | set(sd.noise_floor)))
+    if shared:
+        raise ModbenchError(f"tuning.seeds shares seed(s) {shared} with the verdict seeds "
+                            "(seeds.default, seeds.noise_floor); give the tuning seeds of "
+                            "their own, e.g. [100]")
+
+
+def tuning_grid(key: str, grid: list[Any]) -> list[Any]:
+    """The grid's values as the config key ``key`` holds them (``1e-3`` read as YAML text
+    becomes the float 0.001), distinct and in order; one line for a value of the wrong type."""
+    from modbench.config import RunConfig, apply_override
+
+    out: list[Any] = []
+    for v in grid:
+        cfg = RunConfig()
+        try:
+            apply_override(cfg, f"{key}={json.dumps(v)}")
+        except (ModbenchError, TypeError) as e:
+            raise ModbenchError(f"tuning.grid value {v!r} is not a value of {key} "
+                                f"({str(e).split(';')[0]}); see docs/studies.md") from None
+        obj: Any = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        if obj in out:
+            raise ModbenchError(f"tuning.grid lists {v!r} twice; list each value once")
+        out.append(obj)
+    return out
 
 
 def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
@@ -285,9 +349,9 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
             raise ModbenchError(f"unknown study key '{key}'{suggest(str(k), fields)}; "
                                 "see docs/studies.md")
         sub = {"seeds": Seeds, "data": DataSpec, "evaluation": EvalSpec,
-               "claim": ClaimSpec}.get(k)
-        if k == "claim" and v is None and not prefix:
-            kwargs[k] = None  # no claim (how spec.yaml records a spec without one)
+               "claim": ClaimSpec, "tuning": TuningSpec}.get(k)
+        if k in ("claim", "tuning") and v is None and not prefix:
+            kwargs[k] = None  # none (how spec.yaml records a spec without one)
         elif cls is EvalSpec and k == "diagnostics":
             kwargs[k] = _diagnostics_spec(v)
         elif sub is not None and not prefix:

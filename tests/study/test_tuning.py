@@ -1,0 +1,158 @@
+"""Tuned versus frozen verdicts (a spec's ``tuning`` block): the two stages, the choice of the
+best value, the seeds no verdict may read, the report's side-by-side section, and the spec's
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from modbench.analysis.results import RunRow
+from modbench.errors import ModbenchError
+from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
+from modbench.study.results import load_results, load_rows, write_study_report
+from modbench.study.runner import run_study
+from modbench.study.spec import load_spec
+from modbench.study.tuning import choose_best, tuning_runs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TUNING_SEEDS = [100, 101]
+GRID = [1e-3, 3e-2]
+
+
+def write_spec(tmp: Path, **kw: Any) -> Path:
+    tree: dict[str, Any] = {
+        "name": "tuned", "baseline": "baseline", "methods": ["post_ln"],
+        "seeds": {"default": [0, 1], "noise_floor": [0, 1, 2], "anchors": []},
+        "scales": ["tiny"], "overrides": ["recipe.lr=3e-2", "train.steps=6",
+                                          "train.eval_every=0"],
+        "evaluation": {"probes": False, "primary": "val_loss"},
+        "tuning": {"key": "recipe.lr", "grid": ["1e-3", 3e-2], "seeds": TUNING_SEEDS}}
+    tree.update(kw)
+    p = tmp / "spec.yaml"
+    p.write_text(yaml.safe_dump(tree))
+    return p
+
+
+def _lr(row: RunRow) -> float:
+    assert row.run_dir is not None
+    cfg = yaml.safe_load((row.run_dir / "config.yaml").read_text())
+    return float(cfg["recipe"]["lr"])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("tuned")
+    out = tmp / "study"
+    counts = run_study(load_spec(write_spec(tmp)), out, progress=False)
+    # frozen 3 + 2, tuning 2 methods x 2 values x 2 seeds, tuned 3 + 2
+    assert counts["total"] == 5 + 8 + 5 and counts["failed"] == 0, counts
+    write_study_report(out)
+    return out
+
+
+def test_tuning_seeds_never_enter_a_verdict(study: Path) -> None:
+    tuning = load_rows(study / TUNING_DIR)
+    assert {r.seed for r in tuning} == set(TUNING_SEEDS)
+    # every row a verdict reads: the frozen study's and the tuned stage's
+    frozen, tuned = load_rows(study), load_rows(study / TUNED_DIR)
+    assert {r.seed for r in frozen} == {r.seed for r in tuned} == {0, 1, 2}
+    assert not {r.key for r in tuning} & ({r.key for r in frozen} | {r.key for r in tuned})
+    read = json.loads((study / TUNED_DIR / VERDICTS_FILE).read_text())["seeds"]
+    seen = {s for per in read.values() for seeds in per.values() for s in seeds}
+    assert seen == {0, 1, 2} and not seen & set(TUNING_SEEDS)
+    # the frozen verdicts: the main folder only, every run at the spec's rate
+    assert {_lr(r) for r in frozen} == {3e-2}
+
+
+def test_best_value_is_the_argmin_of_the_tuning_runs(study: Path) -> None:
+    best = json.loads((study / TUNING_DIR / BEST_FILE).read_text())
+    assert best["grid"] == GRID  # "1e-3" from YAML read as the key's float
+    by: dict[tuple[str, float], list[float | None]] = {}
+    for r in load_rows(study / TUNING_DIR):
+        by.setdefault((r.method, _lr(r)), []).append(r.metric("val_loss"))
+    tuned = load_rows(study / TUNED_DIR)
+    for method in ("baseline", "post_ln"):
+        scores = {lr: (sum(v is None for v in vs),
+                       sum(v for v in vs if v is not None) / max(1, sum(v is not None
+                                                                        for v in vs)))
+                  for (m, lr), vs in by.items() if m == method}
+        assert len(scores) == 2
+        want = min(scores, key=lambda lr: scores[lr])
+        entry = best["scales"]["tiny"][method]
+        assert entry["best"] == want and entry["frozen"] == 3e-2
+        # the tuned stage trained the method at that value, on the verdict seeds
+        assert {_lr(r) for r in tuned if r.method == method} == {want}
+
+
+def test_report_shows_both_verdicts(study: Path) -> None:
+    text = (study / "report" / "report.md").read_text()
+    assert "## Frozen versus tuned" in text
+    frozen = {r["method"]: r["verdict"] for r in load_results(study).comparisons["tiny"]}
+    tuned = {r["method"]: r["verdict"] for r in json.loads(
+        (study / TUNED_DIR / VERDICTS_FILE).read_text())["comparisons"]["tiny"]}
+    best = json.loads((study / TUNING_DIR / BEST_FILE).read_text())["scales"]["tiny"]
+    row = next(line for line in text.splitlines() if line.startswith("| `post_ln` |")
+               and "tuned" not in line and line.count("|") == 9)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == frozen["post_ln"] and cells[6] == tuned["post_ln"]
+    assert cells[3] == f"{best['post_ln']['best']:g}"
+    assert f"at recipe.lr=0.03; at its own best recipe.lr ({best['post_ln']['best']:g}" in text
+
+
+def _row(key: str, method: str, seed: int, loss: float | None,
+         status: str = "completed") -> RunRow:
+    return RunRow(key=key, scale="tiny", method=method, seed=seed, state="done",
+                  status=status, val_loss=loss, params=None, tokens=None,
+                  diverged_at_step=None)
+
+
+def test_a_failed_tuning_run_is_the_worst_and_ties_go_to_the_frozen_value(
+        tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, overrides=["recipe.lr=1e-3", "train.steps=6"],
+                                tuning={"key": "recipe.lr", "grid": [3e-2, 1e-3, 3e-3],
+                                        "seeds": [100]}))
+    runs = tuning_runs(spec)
+    loss = {("baseline", 3e-2): 1.0, ("baseline", 1e-3): 2.0, ("baseline", 3e-3): 1.0,
+            ("post_ln", 3e-2): 0.5, ("post_ln", 1e-3): 3.0, ("post_ln", 3e-3): 2.5}
+    rows = [_row(r.key, r.method, r.seed, loss[(r.method, v)],
+                 "diverged" if (r.method, v) == ("post_ln", 3e-2) else "completed")
+            for v, r in runs]
+    scales = choose_best(spec, runs, rows)["scales"]["tiny"]
+    # baseline: 3e-2 and 3e-3 tie at 1.0, neither is the frozen 1e-3: the earlier grid value
+    assert scales["baseline"]["best"] == 3e-2
+    # post_ln: its lowest loss diverged, so counts as worst: 3e-3 wins over the frozen 1e-3
+    assert scales["post_ln"]["best"] == 3e-3
+    tie = [_row(r.key, r.method, r.seed, 1.0) for _, r in runs]
+    assert {e["best"] for e in choose_best(spec, runs, tie)["scales"]["tiny"].values()} == {
+        1e-3}
+    missing = choose_best(spec, runs, [])["scales"]["tiny"]["post_ln"]  # none finished
+    assert missing["best"] == 1e-3 and all(e["failed"] == 1 for e in missing["tried"])
+
+
+@pytest.mark.parametrize(("tuning", "msg"), [
+    ({"key": "recipe.lr", "grid": [1e-3], "seeds": [1]}, "shares seed(s) [1]"),
+    ({"key": "recipe.lrr", "grid": [1e-3]}, "'tuning.key' must be a run config key"),
+    ({"key": "seed", "grid": [1, 2]}, "'tuning.key' must be a run config key"),
+    ({"key": "recipe.lr", "grid": []}, "'tuning.grid' must be a non-empty list"),
+    ({"key": "recipe.lr", "grid": [1e-3, "fast"]}, "tuning.grid value 'fast' is not a value"),
+    ({"key": "recipe.lr", "grid": [1e-3, 0.001]}, "lists 0.001 twice"),
+    ({"key": "recipe.lr", "grid": [1e-3], "seeds": []}, "'tuning.seeds' must be"),
+    ({"key": "recipe.lr", "grid": [1e-3], "sedes": [5]}, "unknown study key 'tuning.sedes'"),
+])
+def test_spec_errors_are_one_line(tmp_path: Path, tuning: dict[str, Any], msg: str) -> None:
+    with pytest.raises(ModbenchError, match=None) as e:
+        load_spec(write_spec(tmp_path, tuning=tuning))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_until_decided_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(ModbenchError, match="--until-decided") as e:
+        run_study(load_spec(write_spec(tmp_path)), tmp_path / "s", until_decided=3,
+                  progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "s").exists()
