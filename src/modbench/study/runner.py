@@ -312,7 +312,7 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
             batches.append(group)
     ev = dataclasses.asdict(spec.evaluation)
     return [Job(str(out), tuple(r.key for r in b), tuple(r.label for r in b),
-                tuple(r.config.to_dict() for r in b), ev, nproc=nproc) for b in batches]
+                tuple(r.config for r in b), ev, nproc=nproc) for b in batches]
 
 
 def study_status(out: str | Path) -> list[dict[str, Any]]:
