@@ -464,7 +464,7 @@ def _job(root: Path, cfg: RunConfig, nproc: int = 1, seeds: int = 1) -> Any:
 
     return Job(root=str(root), keys=tuple(f"k{i}" for i in range(seeds)),
                labels=tuple(f"l{i}" for i in range(seeds)),
-               configs=tuple(cfg.to_dict() for _ in range(seeds)), evaluation={},
+               configs=tuple(cfg for _ in range(seeds)), evaluation={},
                nproc=nproc)
 
 

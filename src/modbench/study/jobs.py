@@ -6,6 +6,11 @@ several seeds of one configuration stacked in one process), its :class:`JobResul
 The local executor (:mod:`modbench.study.runner`) and the cluster executors
 (:mod:`modbench.study.ray_executor`, :mod:`modbench.study.slurm_executor`) all import from
 here, so none of them imports another; :mod:`modbench.study.runner` re-exports these names.
+
+A job carries its runs' configs as the validated :class:`~modbench.config.RunConfig` objects
+the study resolved: in process they reach the trainer as they are; a job pickled to another
+process (a local worker's pipe, a Ray task, a SLURM job) carries each config's serialised form
+(:meth:`RunConfig.to_dict`), read back there by :func:`~modbench.config.from_dict`.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from modbench.config import from_dict
+from modbench.config import RunConfig, from_dict
 from modbench.errors import ModbenchError
 from modbench.study.store import Store, StoreWriteError
 
@@ -30,7 +35,7 @@ class Job:
     root: str
     keys: tuple[str, ...]
     labels: tuple[str, ...]
-    configs: tuple[dict[str, Any], ...]
+    configs: tuple[RunConfig, ...]
     evaluation: dict[str, Any]
     threads: int = 0
     # processes per run: > 1 trains each run as one torchrun group on that many GPUs of one
@@ -39,6 +44,20 @@ class Job:
     # the token every attempt of this job claims its runs under (cluster executors: a Ray
     # retry or a SLURM requeue takes over what the dead attempt held); None: local claims
     lease: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle of the job holds: the configs in their serialised form."""
+        state = dict(self.__dict__)
+        state["configs"] = tuple(c.to_dict() for c in self.configs)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """The job read back in another process: each config through
+        :func:`~modbench.config.from_dict` (a corrupt one: :class:`ModbenchError`, one
+        line)."""
+        state = dict(state)
+        state["configs"] = tuple(from_dict(tree) for tree in state["configs"])
+        self.__dict__.update(state)
 
 
 @dataclass
@@ -54,7 +73,7 @@ class JobResult:
 class _Member:
     key: str
     label: str
-    config: dict[str, Any]
+    config: RunConfig
     run: Path
 
 
@@ -112,15 +131,14 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
         if len(group) == 1:
             m = group[0]
             if job.nproc > 1:
-                summaries = [_launch(from_dict(m.config), m.run, job.nproc, resume)]
+                summaries = [_launch(m.config, m.run, job.nproc, resume)]
             else:
-                summaries = [train(from_dict(m.config), m.run, resume=resume, progress=False)]
+                summaries = [train(m.config, m.run, resume=resume, progress=False)]
         else:
-            cfg = from_dict(group[0].config)
-            seeds = [int(m.config["seed"]) for m in group]
+            seeds = [m.config.seed for m in group]
             try:
-                summaries = train_seeds(cfg, seeds, [m.run for m in group], resume=resume,
-                                        progress=False)
+                summaries = train_seeds(group[0].config, seeds, [m.run for m in group],
+                                        resume=resume, progress=False)
             except ModbenchError as e:
                 if "cannot resume these seeds together" not in str(e):
                     raise
@@ -136,7 +154,7 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
     return [_finish(store, job, m, s, "trained") for m, s in zip(group, summaries, strict=True)]
 
 
-def _launch(cfg: Any, run: Path, nproc: int, resume: bool) -> dict[str, Any]:
+def _launch(cfg: RunConfig, run: Path, nproc: int, resume: bool) -> dict[str, Any]:
     """One run as a torchrun group of ``nproc`` processes on this node's GPUs."""
     try:
         from modbench.train.distributed import launch
@@ -219,7 +237,7 @@ def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None)
     already keeps it."""
     if not asked or summary["status"] == "diverged":
         return
-    if asked.get("seeds") is not None and int(m.config["seed"]) not in asked["seeds"]:
+    if asked.get("seeds") is not None and m.config.seed not in asked["seeds"]:
         return
     from modbench.report.diagnostics import DIAGNOSTICS_JSON, diagnose
 

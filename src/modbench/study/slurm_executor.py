@@ -43,7 +43,6 @@ from typing import Any
 
 import submitit
 
-from modbench.config import from_dict
 from modbench.errors import ModbenchError
 from modbench.runtime.checkpoint import Preempted
 from modbench.study.executors.base import one_line
@@ -63,7 +62,7 @@ def host_memory_gb(jobs: list[Job]) -> int:
     checkpoint (``runtime.checkpoint``), sharing the node's page cache, so it adds nothing."""
     from modbench.analysis.plan import host_memory_bytes
 
-    need = max(sum(host_memory_bytes(from_dict(c), job.nproc) for c in job.configs)
+    need = max(sum(host_memory_bytes(c, job.nproc) for c in job.configs)
                for job in jobs)
     return -(-need // 10**9)
 
