@@ -180,10 +180,10 @@ def _distinct(reasons: Iterable[str]) -> list[str]:
 def declared_breaks(method: str) -> str:
     """The method's declared reason for graph breaks (``Method.compile_graph_breaks`` of each
     term, ``name: why`` joined by ``; ``), empty when it declares none."""
-    from modbench.methods.base import parse_methods
+    from modbench.methods.base import MethodSpec
 
-    return "; ".join(f"{m.name}: {m.compile_graph_breaks}" for m in parse_methods(method)
-                     if m.compile_graph_breaks)
+    return "; ".join(f"{m.name}: {m.compile_graph_breaks}"
+                     for m in MethodSpec.parse(method).methods if m.compile_graph_breaks)
 
 
 def check_method(method: str, *, preset: str = "tiny", checkpointing: bool = False,
@@ -248,7 +248,7 @@ def run_compile_check(methods: list[str], *, preset: str = "tiny",
     """:func:`check_method` for every method in every checkpointing mode of ``modes``, in that
     order, with a progress bar over the methods. Unknown methods are refused before any is
     traced."""
-    from modbench.methods.base import parse_methods
+    from modbench.methods.base import MethodSpec
 
     if not methods:
         raise ModbenchError("no method to check; give --methods a,b or --methods all")
@@ -261,7 +261,7 @@ def run_compile_check(methods: list[str], *, preset: str = "tiny",
         raise ModbenchError(f"--device {device}: no CUDA device is available here; use "
                             "--device cpu") from None
     for m in methods:
-        parse_methods(m)
+        MethodSpec.parse(m)
     rows = []
     bar = tqdm(methods, desc="compile check", unit="method", disable=not progress)
     for m in bar:

@@ -78,22 +78,21 @@ class FlopReport:
 def flop_report(cfg: ModelConfig, seq_len: int | None = None) -> FlopReport:
     """Analytic report for ``cfg`` (its ``method`` string included) at ``seq_len`` tokens
     per sequence (default ``cfg.max_seq_len``)."""
-    from modbench.methods import parse_methods
+    from modbench.methods import method_spec
 
     t = cfg.max_seq_len if seq_len is None else seq_len
-    methods = parse_methods(cfg.method)
+    spec = method_spec(cfg)
     base_cfg = copy.deepcopy(cfg)
     base_cfg.method = "baseline"
     comps = baseline_forward_flops(base_cfg, t)
     base_fwd = sum(comps.values())
     params = base_params = baseline_params(base_cfg)
-    for m in methods:
+    for m in spec.methods:
         extra = float(m.extra_flops(base_cfg, t))
         comps[m.name] = extra
         params += int(m.extra_params(base_cfg))
     fwd = sum(comps.values())
-    label = "+".join(m.label for m in methods) or "baseline"
-    return FlopReport(label, t, params, base_params, fwd, 3.0 * fwd, base_fwd, comps)
+    return FlopReport(spec.canonical, t, params, base_params, fwd, 3.0 * fwd, base_fwd, comps)
 
 
 # ------------------------------------------------------------------ measured (for checks)

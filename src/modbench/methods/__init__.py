@@ -14,9 +14,11 @@ if TYPE_CHECKING:
     from modbench.methods.base import (
         REGISTRY,
         Method,
+        MethodSpec,
         canonical,
         collect_recipe_exceptions,
         load_all,
+        method_spec,
         parse_methods,
         register,
     )
@@ -24,9 +26,11 @@ if TYPE_CHECKING:
 __all__ = [
     "REGISTRY",
     "Method",
+    "MethodSpec",
     "canonical",
     "collect_recipe_exceptions",
     "load_all",
+    "method_spec",
     "parse_methods",
     "register",
 ]

@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import pkgutil
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
 
@@ -195,7 +196,14 @@ def split_top(s: str, sep: str) -> list[str]:
 
 
 def parse_methods(text: str) -> list[Method]:
-    """Parse a method string into method instances (``baseline`` gives ``[]``)."""
+    """The methods of a method string, in order (``baseline`` gives ``[]``): a new list of
+    :meth:`MethodSpec.parse`'s (cached) instances."""
+    return list(MethodSpec.parse(text).methods)
+
+
+def _parse(text: str) -> list[Method]:
+    """Parse a method string into new method instances (what :meth:`MethodSpec.parse`
+    caches)."""
     registry = load_all()
     text = (text or "baseline").strip()
     if text == "baseline":
@@ -267,8 +275,60 @@ def _check_option(method: str, key: str, value: Any, hint: Any) -> Any:
     raise ModbenchError(f"option {key}={value!r} of method '{method}' should be {text}")
 
 
-def canonical(methods: list[Method]) -> str:
+def canonical(methods: Sequence[Method]) -> str:
+    """The canonical method string of parsed methods (each term's :attr:`Method.label`)."""
     return "+".join(m.label for m in methods) or "baseline"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method string parsed once: its terms as :class:`Method` instances, in order, and
+    their canonical string (names, and the options that differ from their defaults).
+
+    ``MethodSpec.parse(text)`` parses each distinct ``text`` once per process and hands back
+    the same spec afterwards, so the study's planning, the trainer and the FLOP and compile
+    checks share one parse; the methods in it are shared too, and like every method instance
+    they are never changed after parsing (a method keeps its options and nothing else). A
+    cached spec whose method names no longer map to the same registered classes (a test that
+    registered a throw-away method and removed it) is parsed again.
+
+    ``canonical`` is what a run records as ``model.method`` (``plan_run``); a study's run key
+    hashes the config with the method string as the spec wrote it
+    (:func:`modbench.study.spec.config_key`), so existing stores keep their keys.
+    """
+
+    text: str
+    methods: tuple[Method, ...]
+    canonical: str
+
+    @classmethod
+    def parse(cls, text: str) -> MethodSpec:
+        """The spec of ``text`` (``baseline`` or empty: no method). Raises
+        :class:`~modbench.errors.ModbenchError` for an unknown method, option or term."""
+        spec = _SPECS.get(text)
+        if spec is None or any(REGISTRY.get(m.name) is not type(m) for m in spec.methods):
+            methods = tuple(_parse(text))
+            spec = cls(text, methods, canonical(methods))
+            if len(_SPECS) >= _MAX_SPECS:
+                _SPECS.clear()
+            _SPECS[text] = spec
+        return spec
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The methods' registered names, in order (``()`` for the baseline)."""
+        return tuple(m.name for m in self.methods)
+
+
+#: the parsed specs of this process, by text (:meth:`MethodSpec.parse`); cleared when it
+#: would exceed ``_MAX_SPECS`` entries (a study names tens of method strings)
+_SPECS: dict[str, MethodSpec] = {}
+_MAX_SPECS = 4096
+
+
+def method_spec(cfg: ModelConfig) -> MethodSpec:
+    """The parsed spec of ``cfg.method`` (:meth:`MethodSpec.parse`: parsed once per text)."""
+    return MethodSpec.parse(cfg.method)
 
 
 def collect_recipe_exceptions(methods: list[Method]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import torch
 
 from modbench.config import ModelConfig, RunConfig
 from modbench.errors import ModbenchError
-from modbench.methods.base import Method, canonical, collect_recipe_exceptions, parse_methods
+from modbench.methods.base import Method, canonical, collect_recipe_exceptions, method_spec
 from modbench.model.spec import ModelSpec
 from modbench.model.transformer import Transformer, baseline_spec
 
@@ -67,14 +67,15 @@ class Plan:
 
 
 def plan(cfg: ModelConfig, methods: list[Method] | None = None) -> Plan:
-    """Parse ``cfg.method``, let each method edit (a copy of) the config and fill the spec.
+    """``cfg.method``'s methods (:func:`~modbench.methods.base.method_spec`: parsed once per
+    process), each editing (a copy of) the config and filling the spec.
 
     ``methods``, when given, are the parsed methods to use instead (an exported model's
     remote code builds them from its config.json, without the registry).
     Raises :class:`~modbench.errors.ModbenchError` for unknown or conflicting methods,
     before anything is allocated.
     """
-    methods = parse_methods(cfg.method) if methods is None else methods
+    methods = list(method_spec(cfg).methods) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     for m in methods:
         m.edit_config(cfg)
@@ -108,7 +109,7 @@ def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
 def reads_train_seq_len(cfg: ModelConfig) -> bool:
     """Whether a method of ``cfg`` ties a constant to the training sequence length
     (``model.train_seq_len``; :meth:`Method.reads_train_seq_len`)."""
-    return any(m.reads_train_seq_len() for m in parse_methods(cfg.method))
+    return any(m.reads_train_seq_len() for m in method_spec(cfg).methods)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:

@@ -46,6 +46,7 @@ Parameters: + 2 d^2. FLOPs (forward, per token): + 4 d^2 (two d x d matrix produ
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -53,7 +54,7 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.methods.base import Method, canonical, parse_methods, register
+from modbench.methods.base import Method, MethodSpec, method_spec, register
 from modbench.model.spec import ModelSpec, parts_of
 
 EMBED, FINAL = "embed", "final"
@@ -129,8 +130,8 @@ class EmbProj(Method):
         return 4.0 * cfg.d_model * cfg.d_model
 
 
-def _folded_method(methods: list[Method]) -> list[Method]:
-    """The methods of a folded model: each method's ``folds_to`` replaces it."""
+def _folded_method(methods: Sequence[Method]) -> MethodSpec:
+    """The method spec of a folded model: each method's ``folds_to`` replaces it."""
     terms = []
     for m in methods:
         to = getattr(m, "folds_to", None)
@@ -138,7 +139,7 @@ def _folded_method(methods: list[Method]) -> list[Method]:
             terms.append(m.label)
         elif to:
             terms.append(to)
-    return parse_methods("+".join(terms) or "baseline")
+    return MethodSpec.parse("+".join(terms) or "baseline")
 
 
 @torch.no_grad()
@@ -188,6 +189,6 @@ def fold_embedding_projection(model: nn.Module) -> None:
     model.embed_norm, model.final_norm = first.module, last.module
     parts._norm[(EMBED, -1)] = first.module  # the index follows the unwrapped sites
     parts._norm[(FINAL, n)] = last.module
-    methods = _folded_method(list(getattr(model, "methods", None) or parse_methods(cfg.method)))
-    model.cfg = dataclasses.replace(cfg, method=canonical(methods), tie_embeddings=False)
-    model.methods = methods
+    folded = _folded_method(getattr(model, "methods", None) or method_spec(cfg).methods)
+    model.cfg = dataclasses.replace(cfg, method=folded.canonical, tie_embeddings=False)
+    model.methods = list(folded.methods)

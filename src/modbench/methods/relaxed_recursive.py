@@ -106,7 +106,7 @@ from modbench.methods._common import (
     projection_widths,
     unreached_sublayer,
 )
-from modbench.methods.base import Method, option_choice, parse_methods, register
+from modbench.methods.base import Method, method_spec, option_choice, register
 from modbench.model.spec import ModelSpec
 
 STRATEGIES = ("cycle", "sequence")
@@ -286,7 +286,7 @@ class RelaxedRecursive(Method):
                         ) -> dict[str, Any]:
         r = self.resolve(new_cfg)
         _check_same_shape(old_cfg, new_cfg)
-        source = next((m for m in parse_methods(old_cfg.method)
+        source = next((m for m in method_spec(old_cfg).methods
                        if isinstance(m, RelaxedRecursive)), None)
         if source is not None:
             s = source.resolve(old_cfg)

@@ -89,7 +89,7 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.methods.base import Method, option_choice, parse_methods, register
+from modbench.methods.base import Method, method_spec, option_choice, register
 from modbench.methods.basic_norms import LayerNorm
 from modbench.model.spec import Builder, ModelSpec
 from modbench.model.stream import ForwardContext
@@ -244,7 +244,7 @@ class TokenFormer(Method):
 
 
 def _tokenformer_of(cfg: ModelConfig, which: str) -> TokenFormer:
-    found = [m for m in parse_methods(cfg.method) if isinstance(m, TokenFormer)]
+    found = [m for m in method_spec(cfg).methods if isinstance(m, TokenFormer)]
     if not found:
         raise ModbenchError(
             f"tokenformer growth needs a tokenformer model on both sides, but the {which} "

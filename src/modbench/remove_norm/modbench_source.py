@@ -91,9 +91,9 @@ UNSUPPORTED: dict[str, str] = {
 
 def check_method(method: str) -> None:
     """Refuse a method string with a method whose normalization cannot be removed this way."""
-    from modbench.methods.base import parse_methods
+    from modbench.methods.base import MethodSpec
 
-    for m in parse_methods(method):
+    for m in MethodSpec.parse(method).methods:
         if m.name in UNSUPPORTED:
             raise ModbenchError(
                 f"remove-norm does not apply to method '{m.name}': {UNSUPPORTED[m.name]}; it "
