@@ -46,6 +46,12 @@ def read_tuning(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any] | No
     return best, verdicts
 
 
+def as_dict(result: Any) -> dict[str, Any]:
+    """A comparison's result as a plain dict (a ``MethodResult``'s ``to_dict``, or already
+    one), the form ``verdicts.json`` keeps."""
+    return result if isinstance(result, dict) else dict(result.to_dict())
+
+
 def _value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -72,14 +78,16 @@ _PHRASES = {"improver": "improves on the baseline", "degrader": "is worse than t
             "baseline": "is the baseline", "not run": "has no verdict (not run)"}
 
 
-def _phrase(r: dict[str, Any] | None) -> str:
+def _phrase(r: dict[str, Any] | None, where: str) -> str:
+    """``stalls at recipe.lr=0.003`` or ``is within noise of the baseline at recipe.lr=0.001
+    (Δ -0.01 [-0.03, 0.01])``: the verdict, where, and Δ with its interval when it has one."""
     v = _verdict(r)
-    text = _PHRASES.get(v, f"is {v}")
     d = _delta(r)
-    return f"{text} (Δ {d})" if d and v not in ("diverged", "stalled") else text
+    return f"{_PHRASES.get(v, f'is {v}')} {where}" + (
+        f" (Δ {d})" if d and v not in ("diverged", "stalled") else "")
 
 
-def _tried(entry: dict[str, Any], higher: bool) -> str:
+def _tried(entry: dict[str, Any]) -> str:
     parts = []
     for e in entry["tried"]:
         score = _fmt(e["mean"]) if e["mean"] is not None else "–"
@@ -113,24 +121,25 @@ def tuning_section(results: StudyResults, out: Path) -> list[Block]:
     if verdicts is None:
         blocks.append(Block("p", "The tuned stage has not finished: run `modbench study run` "
                                  "on this study again for the tuned verdicts."))
-    higher = bool(best.get("higher_is_better"))
     for scale, per_method in best["scales"].items():
-        frozen_rows = {r["method"]: r for r in results.comparisons.get(scale, [])}
+        frozen_rows = {(d := as_dict(r))["method"]: d
+                       for r in results.comparisons.get(scale, [])}
         tuned_rows = {r["method"]: r for r in tuned.get(scale, [])}
         body, sentences = [], []
         b_best = per_method.get(base, {}).get("best")
         for method, entry in per_method.items():
             fr, tr = frozen_rows.get(method), tuned_rows.get(method)
-            body.append([f"`{method}`", _value(entry["frozen"]), _tried(entry, higher),
+            body.append([f"`{method}`", _value(entry["frozen"]), _tried(entry),
                          _value(entry["best"]), _verdict(fr), _delta(fr), _verdict(tr),
                          _delta(tr)])
             if method == base:
                 continue
             same = entry["best"] == entry["frozen"]
-            sentences.append(
-                f"`{method}` {_phrase(fr)} at {key}={_value(entry['frozen'])}; at its own best "
-                f"{key} ({_value(entry['best'])}{', the frozen value' if same else ''}), "
-                f"against the baseline at {_value(b_best)}, it {_phrase(tr)}.")
+            own = f"{_value(entry['best'])}{', the frozen value' if same else ''}"
+            at_frozen = f"at {key}={_value(entry['frozen'])}"
+            at_best = f"against the baseline at its best ({_value(b_best)})"
+            sentences.append(f"`{method}` {_phrase(fr, at_frozen)}; at its own best {key} "
+                             f"({own}) it {_phrase(tr, at_best)}.")
         blocks.append(Block("p", f"{scale}: tuning scores (mean `{best['metric']}` over the "
                                  "tuning seeds; the best in bold) and both verdicts."))
         blocks.append(Block("table", header=[

@@ -42,7 +42,7 @@ from modbench.analysis.results import (
     metric_table,
 )
 from modbench.fsutil import atomic_write_text
-from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
+from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE, as_dict
 from modbench.study.results import load_rows
 from modbench.study.spec import RunSpec, Seeds, StudySpec, run_spec, tuning_grid
 
@@ -162,7 +162,9 @@ def tuned_verdicts(spec: StudySpec, rows: list[RunRow]) -> dict[str, Any]:
     seeds = {scale: {m: sorted(s) for m, s in
                      metric_table(rows, scale, metric, spec.baseline).items()}
              for scale in comparisons}
-    return {"metric": metric, "comparisons": comparisons, "seeds": seeds}
+    return {"metric": metric, "seeds": seeds,
+            "comparisons": {scale: [as_dict(r) for r in res]
+                            for scale, res in comparisons.items()}}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
