@@ -6,8 +6,8 @@ line."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from modbench.analysis.results import (
     judge_expectation,
     parse_expectation,
 )
-from modbench.analysis.stats import compare
+from modbench.analysis.stats import MethodResult, compare
 from modbench.errors import ModbenchError
 from modbench.study.spec import load_spec
 
@@ -28,13 +28,12 @@ from . import verdict_sim as V
 BASE = [3.00, 3.01, 2.99, 3.005, 2.995, 3.0, 3.002, 2.998]  # a loss: lower is better
 
 
-def result(method: list[float] | None, base: list[float] = BASE) -> dict[str, Any]:
+def result(method: list[float] | None, base: list[float] = BASE) -> MethodResult:
     table = {"baseline": base, "m": method}
-    return {r.method: r.to_dict() for r in compare(table, higher_is_better=False,
-                                                   n_resamples=10)}["m"]
+    return {r.method: r for r in compare(table, higher_is_better=False, n_resamples=10)}["m"]
 
 
-def outcome(r: dict[str, Any], text: str) -> str:
+def outcome(r: MethodResult, text: str) -> str:
     return judge_expectation(r, parse_expectation(text))[0]
 
 
@@ -62,29 +61,29 @@ def test_bad_forms_refused_in_one_line(text: str, says: str) -> None:
 
 def test_margin_claims_by_the_interval() -> None:
     tight = result([3.0, 3.001, 2.999, 3.0, 3.0005, 2.9995, 3.001, 2.999])
-    assert tight["verdict"] == "within_noise"
+    assert tight.verdict == "within_noise"
     assert outcome(tight, "not_worse(1σ)") == "agrees"
     assert outcome(tight, "equivalent(1σ)") == "agrees"
     assert outcome(tight, "equivalent(0.0001)") == "not shown"  # margin in loss units, tiny
     assert outcome(tight, "better") == "not shown" and outcome(tight, "worse") == "not shown"
     # 0.6σ worse on 2 seeds: within noise, its interval reaches past -1σ: not shown
     loose = result([3.006, 3.008])
-    assert loose["verdict"] == "within_noise"
+    assert loose.verdict == "within_noise"
     assert outcome(loose, "not_worse(1σ)") == "not shown"
     assert outcome(loose, "not_worse(0.5)") == "agrees"  # half a nat: shown
     # clearly worse: a degrader; worse by more than 1σ is shown, so not_worse contradicts
     bad = result([3.2, 3.21, 3.19, 3.2])
-    assert bad["verdict"] == "degrader"
+    assert bad.verdict == "degrader"
     assert outcome(bad, "not_worse(1σ)") == "contradicts"
     assert outcome(bad, "equivalent(1σ)") == "contradicts"
     assert outcome(bad, "worse") == "agrees" and outcome(bad, "better") == "contradicts"
     good = result([2.8, 2.81, 2.79, 2.8])
-    assert good["verdict"] == "improver"
+    assert good.verdict == "improver"
     assert outcome(good, "better") == "agrees" and outcome(good, "not_worse(1σ)") == "agrees"
     assert outcome(good, "equivalent(1σ)") == "contradicts"  # shown better by more than 1σ
     # a failure is not "not worse"; it is worse
     failed = result(None)
-    assert failed["verdict"] == "diverged"
+    assert failed.verdict == "diverged"
     assert outcome(failed, "not_worse(1σ)") == "contradicts"
     assert outcome(failed, "worse") == "agrees"
     # no noise floor (one baseline seed): nothing is shown
@@ -93,9 +92,9 @@ def test_margin_claims_by_the_interval() -> None:
 
 
 def test_check_claim_combines_entries() -> None:
-    comparisons = {"s": [result([3.2, 3.21, 3.19, 3.2]) | {"method": "bad"},
-                         result([3.006, 3.008]) | {"method": "loose"},
-                         result(None) | {"method": "failed"}]}
+    comparisons = {"s": [dataclasses.replace(result([3.2, 3.21, 3.19, 3.2]), method="bad"),
+                         dataclasses.replace(result([3.006, 3.008]), method="loose"),
+                         dataclasses.replace(result(None), method="failed")]}
     check = check_claim(comparisons, {"bad": ["not_worse(1σ)", "better"],
                                       "loose": ["not_worse(1σ)", "degrader"],
                                       "failed": ["stalled", "diverged"],
@@ -120,9 +119,9 @@ def test_not_worse_is_not_agreement_for_a_worse_method(effect: float) -> None:
         # simulate's positive effect is higher; compare's default (higher is better) keeps
         # the planted method worse by |effect|
         table = {"baseline": list(base[i]), **{f"m{j}": list(meth[i, j]) for j in range(5)}}
-        r = compare(table, n_resamples=1)[1].to_dict()
+        r = compare(table, n_resamples=1)[1]
         agree += outcome(r, "not_worse(1σ)") == "agrees"
-        old += r["verdict"] in ("within_noise", "improver")
+        old += r.verdict in ("within_noise", "improver")
     assert agree / draws <= 0.05
     assert old / draws >= 0.2  # the verdicts alone would have "agreed" far more often
 

@@ -201,12 +201,12 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert sum(lk.alpha for lk in looks) <= 0.05 + 1e-12
     decided = {m: (lk.index, v) for lk in looks for m, v in lk.decided.items()}
     assert decided.get("qknorm", (0, ""))[1] == "improver" and set(decided) == {"qknorm"}
-    res = {r["method"]: r for r in load_results(out).comparisons["tiny"]}
-    assert res["qknorm"]["verdict"] == "improver"
-    assert f"at look {decided['qknorm'][0]} of {len(looks)}" in res["qknorm"]["note"]
-    assert res["post_ln"]["verdict"] == res["softcap"]["verdict"] == "within_noise"
-    assert res["post_ln"]["n"] == 6 and res["baseline"]["n"] == 6  # the cap
-    assert res["post_ln"]["ci_level"] == pytest.approx(1 - looks[-1].alpha)
+    res = {r.method: r for r in load_results(out).comparisons["tiny"]}
+    assert res["qknorm"].verdict == "improver"
+    assert f"at look {decided['qknorm'][0]} of {len(looks)}" in res["qknorm"].note
+    assert res["post_ln"].verdict == res["softcap"].verdict == "within_noise"
+    assert res["post_ln"].n == 6 and res["baseline"].n == 6  # the cap
+    assert res["post_ln"].ci_level == pytest.approx(1 - looks[-1].alpha)
     from modbench.report.build import write_report
 
     md = (write_report(load_results(out), out / "report") / "report.md").read_text()

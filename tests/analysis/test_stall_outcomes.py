@@ -93,9 +93,9 @@ def test_results_tables_and_claims_treat_a_stall_as_a_failure() -> None:
     assert metric_table(rows, "tiny", "val_loss", "baseline")["post_ln"] == {0: None, 1: None,
                                                                             2: None}
     comp = compare_scales(rows, "baseline", "val_loss", [])
-    got = {r["method"]: r for r in comp["tiny"]}
-    assert got["post_ln"]["verdict"] == "stalled" and got["post_ln"]["n_stalled"] == 3
-    assert got["mix_ln"]["verdict"] == "improver"
+    got = {r.method: r for r in comp["tiny"]}
+    assert got["post_ln"].verdict == "stalled" and got["post_ln"].n_stalled == 3
+    assert got["mix_ln"].verdict == "improver"
     claim = check_claim(comp, {"post_ln": ["stalled", "diverged"], "mix_ln": ["improver"]})
     assert claim.summary == "agrees"
     # a stall where the claim expects training is a decided contradiction, not "not shown"
@@ -159,7 +159,7 @@ def test_the_report_lists_the_stall(stalled_run: Path, tmp_path: Path,
     res = load_results(store_with(tmp_path, stalled_run, old_summary=old_summary))
     (r,) = [x for x in res.rows if x.key == "stall"]
     assert (r.status, r.stalled_at_step, r.stall_rederived) == ("stalled", 10, old_summary)
-    assert {x["method"]: x["verdict"] for x in res.comparisons["tiny"]}[r.method] == "stalled"
+    assert {x.method: x.verdict for x in res.comparisons["tiny"]}[r.method] == "stalled"
     warning = next(w for w in budget_warnings(res) if "stalled at the unigram level" in w)
     assert f"`{r.method}` seed 0 at tiny (from step 10; {r.val_loss:.4f}, unigram level " \
            f"{r.unigram_loss:.4f})" in warning

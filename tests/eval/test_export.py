@@ -211,13 +211,13 @@ def test_card_states_the_study_verdict(tmp_path: Path) -> None:
     export_hf(run, out)
     assert "No verdict yet" in (out / "README.md").read_text()  # no report written yet
     write_study_report(folder)
-    (want,) = [r for r in load_results(folder).comparisons["tiny"] if r["method"] == "qknorm"]
+    (want,) = [r for r in load_results(folder).comparisons["tiny"] if r.method == "qknorm"]
     export_hf(run, tmp_path / "hf2")
     card = (tmp_path / "hf2" / "README.md").read_text()
-    assert f"at scale `tiny`: **{want['verdict']}**" in card
-    agrees = "agrees with" if want["verdict"] == "improver" else "does not agree with"
+    assert f"at scale `tiny`: **{want.verdict}**" in card
+    agrees = "agrees with" if want.verdict == "improver" else "does not agree with"
     assert f"the verdict {agrees} it" in card and "qknorm helps" in card
-    assert f"| seeds (method / baseline) | {want['n']} / {want['floor']['n']} |" in card
+    assert f"| seeds (method / baseline) | {want.n} / {want.floor.n} |" in card
 
 
 # ------------------------------------------------------------------ the bundler itself

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from modbench.analysis.results import RunRow, StudyResults, check_claim, compare_scales
+from modbench.analysis.stats import MethodResult, Verdict, compare
 from modbench.cli import run_cli
 from modbench.report.build import budget_warnings, write_report
 from modbench.runtime.runfolder import curves
@@ -162,17 +164,17 @@ def test_no_warnings_with_three_seeds_and_flat_final_losses(tmp_path: Path) -> N
     assert budget_warnings(res) == []
     md = (write_report(res, tmp_path / "report") / "report.md").read_text()
     assert "Warnings" not in md and "†" not in md
-    rows = {r["method"]: r for r in res.comparisons["tiny"]}
+    rows = {r.method: r for r in res.comparisons["tiny"]}
     # equal spreads: the pooled error term of the scale's 9 seeds (6 df) decides
-    assert rows["a"]["test"] == "pooled" and not rows["a"]["fewer_seeds"]
+    assert rows["a"].test == "pooled" and not rows["a"].fewer_seeds
     line = next(x for x in md.splitlines() if x.startswith("| `a` |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1] == "3"
     assert cells[5] == "pooled t"
-    assert cells[6] == f"{rows['a']['t']:.3f} (6)"
-    lo, hi = rows["a"]["ci"]  # Δ with the test's simultaneous interval, and the 80 % MDE
-    assert lo < rows["a"]["delta"] < hi and cells[3].count("[") == 1
-    assert cells[12].endswith(f"({rows['a']['mde_sigma']:.1f}σ)")
+    assert cells[6] == f"{rows['a'].t:.3f} (6)"
+    lo, hi = rows["a"].ci  # Δ with the test's simultaneous interval, and the 80 % MDE
+    assert lo < rows["a"].delta < hi and cells[3].count("[") == 1
+    assert cells[12].endswith(f"({rows['a'].mde_sigma:.1f}σ)")
     trained = [x for x in md.splitlines() if x.startswith("| `a` |")][1]
     assert [c.strip() for c in trained.strip("|").split("|")][1:3] == ["1000", "100M"]
 
@@ -217,12 +219,19 @@ def test_short_runs_falling_losses_and_unfinished_runs_warn(tmp_path: Path) -> N
 # ------------------------------------------------------------------ the claim a study tests
 
 
+def with_verdict(method: str, verdict: str) -> MethodResult:
+    """A method's result with the given verdict (the numbers of one compared seed)."""
+    r = compare({"baseline": [1.0, 1.1, 0.9], "m": [1.0]}, n_resamples=1)[1]
+    return dataclasses.replace(r, method=method, verdict=Verdict(verdict),
+                               is_baseline=verdict == "baseline")
+
+
 def test_check_claim_outcomes() -> None:
-    comparisons = {"tiny": [{"method": "baseline", "verdict": "baseline"},
-                            {"method": "a", "verdict": "degrader"},
-                            {"method": "b", "verdict": "improver"},
-                            {"method": "c", "verdict": "within_noise"},
-                            {"method": "d", "verdict": "diverged"}]}
+    comparisons = {"tiny": [with_verdict("baseline", "baseline"),
+                            with_verdict("a", "degrader"),
+                            with_verdict("b", "improver"),
+                            with_verdict("c", "within_noise"),
+                            with_verdict("d", "diverged")]}
     expect = {"a": ["degrader", "diverged"], "b": ["degrader"], "c": ["improver"],
               "d": ["degrader", "diverged"], "e": ["improver"]}
     check = check_claim(comparisons, expect, "a paper", "a claim")
@@ -238,7 +247,7 @@ def test_check_claim_outcomes() -> None:
 
 def test_the_claim_opens_the_report(tmp_path: Path) -> None:
     res = fake_results(tmp_path, {"baseline": 3, "a": 3, "b": 3})
-    verdicts = {r["method"]: r["verdict"] for r in res.comparisons["tiny"]}
+    verdicts = {r.method: str(r.verdict) for r in res.comparisons["tiny"]}
     res.claim = check_claim(res.comparisons, {"a": [verdicts["a"]], "b": ["improver"]},
                             "Someone et al. 2025, Table 3", "A and B both help.")
     out = write_report(res, tmp_path / "report")

@@ -290,8 +290,8 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
     # the report's statistics are compare() of the hand-built table ...
     expected = [x.to_dict() for x in compare(FAKE_TABLE, "baseline", higher_is_better=False)]
     assert results.metric == "val_loss" and list(results.comparisons) == ["tiny"]
-    assert (json.dumps(results.comparisons["tiny"], default=str, sort_keys=True)
-            == json.dumps(expected, default=str, sort_keys=True))
+    assert (json.dumps([x.to_dict() for x in results.comparisons["tiny"]], default=str,
+                       sort_keys=True) == json.dumps(expected, default=str, sort_keys=True))
     # ... and the runner's new seeds are the first look of the same table, by the same rule
     look = sequential_look(FAKE_TABLE, (), 3, higher_is_better=False, references=[],
                            correction="holm", floor_sigmas=1.0, stalled={}, n_resamples=1)

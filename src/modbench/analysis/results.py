@@ -1,6 +1,8 @@
-"""A study's results as plain data: one row per run, the per-scale ``{method: {seed: value}}``
-tables of a metric, their comparison with the baseline, and :class:`StudyResults`, everything
-a report renders.
+"""A study's results as typed data: one row per run, the per-scale ``{method: {seed: value}}``
+tables of a metric, their comparison with the baseline (one
+:class:`~modbench.analysis.stats.MethodResult` per method), and :class:`StudyResults`,
+everything a report renders. They become plain dicts only where a file is written
+(:func:`comparisons_json`).
 
 Both the study runner (which seeds are still undecided) and the report (Table 2) build their
 tables with :func:`metric_table`, so they always judge the same numbers. Reading a study
@@ -11,11 +13,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from modbench.analysis.stats import Look, compare, sequential_alpha, sequential_verdicts
+from modbench.analysis.stats import (
+    Look,
+    MethodResult,
+    compare,
+    sequential_alpha,
+    sequential_verdicts,
+)
 from modbench.errors import ModbenchError
 from modbench.runtime.runfolder import PROBES
 from modbench.runtime.stall import judge_run_folder
@@ -208,11 +217,16 @@ def _study_folder(rows: list[RunRow]) -> Path | None:
     return dirs.pop() if len(dirs) == 1 else None
 
 
+#: Per scale, each method's comparison with the baseline (:func:`compare_scales`).
+Comparisons = dict[str, list[MethodResult]]
+
+
 def compare_scales(rows: list[RunRow], baseline: str, metric: str, anchors: list[str],
-                   looks: dict[str, list[Look]] | None = None) -> dict[str, list[dict[str, Any]]]:
+                   looks: dict[str, list[Look]] | None = None) -> Comparisons:
     """Per scale (in name order), :func:`modbench.analysis.stats.compare` over the methods'
-    seeds (verdict rule: :data:`CORRECTION`, :data:`ALPHA`, :data:`FLOOR_SIGMAS`), as plain
-    dicts; a scale without a finished baseline run is left out. Stalled runs are failures
+    seeds (verdict rule: :data:`CORRECTION`, :data:`ALPHA`, :data:`FLOOR_SIGMAS`), one
+    :class:`~modbench.analysis.stats.MethodResult` per method (the baseline first); a scale
+    without a finished baseline run is left out. Stalled runs are failures
     (``None`` in the table, counted in ``compare``'s ``stalled``), like diverged ones.
 
     A scale whose seeds were added sequentially (``looks``; None: :func:`read_looks` of the
@@ -222,7 +236,7 @@ def compare_scales(rows: list[RunRow], baseline: str, metric: str, anchors: list
     if looks is None:
         folder = _study_folder(rows)
         looks = read_looks(folder) if folder is not None else {}
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: Comparisons = {}
     for scale in sorted({r.scale for r in rows}):
         table = metric_table(rows, scale, metric, baseline)
         if baseline not in table:
@@ -230,8 +244,19 @@ def compare_scales(rows: list[RunRow], baseline: str, metric: str, anchors: list
         seq = looks.get(scale, [])
         res = compare(table, baseline, alpha=sequential_alpha(seq, ALPHA),
                       **verdict_options(rows, scale, metric, anchors, table))
-        out[scale] = [x.to_dict() for x in sequential_verdicts(res, seq)]
+        out[scale] = sequential_verdicts(res, seq)
     return out
+
+
+def comparisons_json(comparisons: Mapping[str, Sequence[MethodResult]],
+                     extra: Mapping[str, Mapping[str, dict[str, Any]]] | None = None
+                     ) -> dict[str, list[dict[str, Any]]]:
+    """The comparisons as a file holds them (``results.json``): per scale, each method's
+    :meth:`~modbench.analysis.stats.MethodResult.to_dict`, with ``extra[scale][method]``'s
+    keys added after its own (the report's trajectories). The one place results become dicts."""
+    more = extra or {}
+    return {scale: [r.to_dict() | dict(more.get(scale, {}).get(r.method, {})) for r in res]
+            for scale, res in comparisons.items()}
 
 
 @dataclass(frozen=True)
@@ -333,20 +358,18 @@ class ClaimCheck:
         return "contradicted" if self.count("contradicts") else "partly shown"
 
 
-def _improvement_interval(result: dict[str, Any]) -> tuple[float, float, float] | None:
+def _improvement_interval(result: MethodResult) -> tuple[float, float, float] | None:
     """The test's simultaneous interval for the improvement (positive = better), worst end
     first, and the floor's sigma; None where either is not finite."""
-    lo, hi = result.get("ci") or (math.nan, math.nan)
-    floor = result.get("floor") or {}
-    sigma = floor.get("sigma", math.nan)
-    sign = 1.0 if floor.get("higher_is_better", True) else -1.0
+    lo, hi = result.ci
+    sigma, sign = result.floor.sigma, result.floor.sign
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in (lo, hi, sigma)):
         return None
     worst, best = sorted((sign * lo, sign * hi))
     return worst, best, sigma
 
 
-def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, ...]) -> bool:
+def shows_within_noise(result: MethodResult, expected: list[str] | tuple[str, ...]) -> bool:
     """Whether a ``within_noise`` result shows what a claim allowing it says, by the test's
     simultaneous interval (``compare``'s ``ci``) against the margin ``FLOOR_SIGMAS`` sigma (the
     verdict's own |delta| guard): with ``improver`` also expected ("at least as well as"), the
@@ -369,7 +392,7 @@ def shows_within_noise(result: dict[str, Any], expected: list[str] | tuple[str, 
     return not_worse and not_better
 
 
-def judge_expectation(result: dict[str, Any], exp: Expectation,
+def judge_expectation(result: MethodResult, exp: Expectation,
                       expected: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
     """One expected outcome against one method's result: ``(outcome, why)``, outcome
     ``agrees``, ``contradicts`` or ``not shown``.
@@ -388,7 +411,7 @@ def judge_expectation(result: dict[str, Any], exp: Expectation,
       contradicts when it lies wholly outside, or on a failure verdict, else not shown.
 
     Without an interval (no floor, zero spread, no finite seed) a margin is not shown."""
-    verdict = str(result.get("verdict"))
+    verdict = str(result.verdict)
     kind = exp.kind
     if kind in VERDICT_NAMES:
         if verdict == kind:
@@ -417,7 +440,7 @@ def judge_expectation(result: dict[str, Any], exp: Expectation,
             else "not shown"), span
 
 
-def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, list[str]],
+def check_claim(comparisons: Mapping[str, Sequence[MethodResult]], expect: dict[str, list[str]],
                 source: str = "", text: str = "") -> ClaimCheck:
     """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
     against the outcomes ``expect`` lists for it (verdict names or :data:`CLAIM_FORMS`,
@@ -426,7 +449,7 @@ def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, 
     run."""
     rows: list[ClaimRow] = []
     for scale, results in comparisons.items():
-        by_method = {r["method"]: r for r in results}
+        by_method = {r.method: r for r in results}
         for method, expected in expect.items():
             if method not in by_method:
                 rows.append(ClaimRow(scale, method, "missing", tuple(expected), "not run"))
@@ -438,14 +461,13 @@ def check_claim(comparisons: dict[str, list[dict[str, Any]]], expect: dict[str, 
                        else "contradicts" if all(o == "contradicts" for o in outcomes)
                        else "not shown")
             why = next((w for o, w in judged if o == outcome and w), "")
-            rows.append(ClaimRow(scale, method, str(r["verdict"]), tuple(expected), outcome,
-                                 why))
+            rows.append(ClaimRow(scale, method, str(r.verdict), tuple(expected), outcome, why))
     return ClaimCheck(source, text, rows)
 
 
 @dataclass
 class StudyResults:
-    """Everything a study report shows, as plain data."""
+    """Everything a study report shows, typed (files get dicts: :func:`comparisons_json`)."""
 
     name: str
     folder: Path  # the study folder, as given
@@ -453,7 +475,7 @@ class StudyResults:
     metric: str
     anchors: list[str]
     rows: list[RunRow]
-    comparisons: dict[str, list[dict[str, Any]]]  # scale -> compare() results as dicts
+    comparisons: Comparisons  # scale -> compare_scales()' results, the baseline first
     flops: dict[str, dict[str, MethodFlops]] = field(default_factory=dict)  # scale -> method
     claim: ClaimCheck | None = None  # the published claim the study tests, if it names one
     # the spec's data.order: "fixed" (every run sees one batch sequence) or "per_seed" (runs

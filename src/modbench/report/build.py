@@ -30,6 +30,7 @@ import io
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,16 @@ from modbench.analysis.results import (
     StudyResults,
     higher_is_better,
 )
-from modbench.analysis.stats import CORRECTIONS, decision_threshold, spearman_across_scales
+from modbench.analysis.stats import MethodResult, decision_threshold, spearman_across_scales
 from modbench.fsutil import atomic_write_text
 from modbench.report.blocks import Block
 from modbench.report.blocks import fmt as _fmt
 from modbench.report.blocks import to_html as _html
 from modbench.report.blocks import to_markdown as _markdown
+from modbench.report.columns import FAILED, TRAINED_COLUMNS, VERDICT_COLUMNS, Column, rows_at, table
+from modbench.report.columns import count as _count
+from modbench.report.columns import dof as _df
+from modbench.report.columns import span as _span
 from modbench.report.diagnostics import study_diagnostics
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves, is_storage_error, write_failure
@@ -63,20 +68,21 @@ STILL_FALLING = 0.01
 #: schedule): the report warns. The seed study trains 1.2B parameters on 23.07B tokens (~19).
 MIN_TOKENS_PER_PARAM = 10.0
 
-_TEST_NAMES = {"pooled": "pooled t", "prediction": "prediction", "welch": "Welch",
-               "none": "–"}
-#: The verdicts of a method with a failed seed (analysis.stats.Verdict): no test, no average.
-FAILED = ("diverged", "stalled")
 
-
-def write_report(results: StudyResults, out: Path) -> Path:
+def write_report(results: StudyResults, out: Path, *,
+                 columns: Sequence[Column] = VERDICT_COLUMNS,
+                 trained_columns: Sequence[Column] = TRAINED_COLUMNS) -> Path:
     """Write the report files of ``results`` into the folder ``out``; returns ``out``.
+
+    ``columns`` and ``trained_columns`` are Table 2's two tables per scale, the verdicts and
+    what each method trained (:mod:`modbench.report.columns`; pass a longer list to show
+    another statistic).
 
     Each file is replaced whole or not at all, so a write the storage refuses (a full disk)
     leaves the files already there as they were and raises one line
     (:func:`modbench.runtime.runfolder.write_failure`), not a traceback."""
     try:
-        return _write_report(results, Path(out))
+        return _write_report(results, Path(out), columns, trained_columns)
     except OSError as e:
         if not is_storage_error(e):
             raise
@@ -86,7 +92,8 @@ def write_report(results: StudyResults, out: Path) -> Path:
                             f"`modbench study report {results.folder}` again") from None
 
 
-def _write_report(results: StudyResults, out: Path) -> Path:
+def _write_report(results: StudyResults, out: Path, columns: Sequence[Column],
+                  trained_columns: Sequence[Column]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, metric, baseline = results.rows, results.metric, results.baseline
     blocks: list[Block] = [Block("h1", f"Study report: {results.name}")]
@@ -118,7 +125,7 @@ def _write_report(results: StudyResults, out: Path) -> Path:
              "brackets); within_noise with |Δ| < MDE means not shown, not no effect. "
              "z = Δ/σ is descriptive only. Bonferroni and Benjamini–Hochberg adjusted p are "
              "shown beside Holm's; * marks adjusted p ≤ α."))
-    _table2(results, blocks)
+    _table2(results, blocks, columns, trained_columns)
     _secondary(rows, baseline, blocks)
     _cross_scale(rows, metric, blocks)
     _divergence(rows, blocks)
@@ -172,122 +179,41 @@ def _claim(claim: ClaimCheck, blocks: list[Block]) -> None:
     blocks.append(Block("ul", items=items))
 
 
-def _span(values: list[Any], fmt: Any = str) -> str:
-    """"a" when all values are equal, "a–b" (min–max) otherwise, "–" when there are none."""
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return "–"
-    lo, hi = min(vals), max(vals)
-    return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
-
-
-def _df(v: Any) -> str:
-    """Degrees of freedom: an integer as one ("2"), Welch's fractional ones to 3 digits."""
-    if isinstance(v, int | float) and math.isfinite(v) and float(v).is_integer():
-        return str(int(v))
-    return _fmt(v, 3) if isinstance(v, float) and math.isfinite(v) else "–"
-
-
-def _count(v: int | float) -> str:
-    """A count in 3 significant digits with a k / M / B suffix (12.3k, 23.1B)."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= size:
-            return f"{v / size:.3g}{unit}"
-    return f"{v:g}"
-
-
-def _steps_cell(runs: list[RunRow]) -> str:
-    steps = [r.steps for r in runs]
-    planned = [r.steps_planned for r in runs]
-    short = any(s is not None and p is not None and s < p
-                for s, p in zip(steps, planned, strict=True))
-    return _span(steps) + (f" of {_span(planned)}" if short else "")
-
-
-def _table2(results: StudyResults, blocks: list[Block]) -> None:
-    rows, metric = results.rows, results.metric
+def _table2(results: StudyResults, blocks: list[Block], columns: Sequence[Column],
+            trained_columns: Sequence[Column]) -> None:
+    """Per scale, the noise floor, the verdicts' table (``columns``), the verdicts' notes and
+    what each method trained (``trained_columns``): each table from its list of columns."""
     for scale, res in results.comparisons.items():
         blocks.append(Block("h2", f"Methods against the baseline — {scale} (Table 2 view)"))
-        floor = res[0]["floor"] if res else {}
-        df = floor.get("df", math.nan)
-        blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.get('sigma'))} over "
-                                 f"{floor.get('n', 0)} seeds ({_df(df)} degrees of freedom; "
-                                 f"mean {_fmt(floor.get('mean'))})."))
+        if res:
+            floor = res[0].floor
+            blocks.append(Block("p", f"Noise floor: baseline σ = {_fmt(floor.sigma)} over "
+                                     f"{floor.n} seeds ({_df(floor.df)} degrees of freedom; "
+                                     f"mean {_fmt(floor.mean)})."))
         # the verdict's columns here; what was trained (steps, tokens, size, FLOPs) in a table
         # of its own below, so that neither is wider than a 1,400-pixel window
-        header = ["method", "seeds", metric, "Δ [CI]", "z", "test", "t (df)",
-                  "p", *[f"p {c}" for c in CORRECTIONS], "verdict", "MDE"]
-        body, trained = [], []
-        for r in res:
-            runs = [x for x in rows if x.scale == scale and x.method == r["method"]
-                    and x.state == "done"]
-            fl = results.flops_of(scale, r["method"])
-            sig = r["significant"]
-            div = r["verdict"] in FAILED
-            fewer = r.get("fewer_seeds", False) and not div
-            notes = (["fewer than baseline"] if fewer else []) + (
-                [f"+{r['n_diverged']} diverged"] if r["n_diverged"] else []) + (
-                [f"+{r['n_stalled']} stalled"] if r.get("n_stalled") else [])
-            test = r.get("test", "none")
-            body.append([
-                f"`{r['method']}`", f"{r['n']}" + (f" ({'; '.join(notes)})" if notes else ""),
-                _fmt(r["mean"]) + (f" ± {_fmt(r['std'], 2)}" if r["n"] > 1 else ""),
-                "" if r["is_baseline"] else _delta_cell(r),
-                "" if r["is_baseline"] else _fmt(r["z"], 3),
-                "" if r["is_baseline"] else _TEST_NAMES.get(test, test),
-                "" if r["is_baseline"] or test == "none"
-                else f"{_fmt(r['t'], 3)} ({_df(r['df'])})",
-                "" if r["is_baseline"] else _fmt(r["p"], 3),
-                *["" if r["is_baseline"] else _fmt(r["p_adjusted"][c], 3)
-                  + (" *" if sig.get(c) else "") for c in CORRECTIONS],
-                str(r["verdict"]) + (" †" if fewer else ""),
-                "" if r["is_baseline"] else _mde_cell(r),
-            ])
-            trained.append([
-                f"`{r['method']}`", _steps_cell(runs), _span([x.tokens for x in runs], _count),
-                _fmt(runs[0].params if runs else None),
-                _fmt(fl.train_flops_per_token if fl else None, 4),
-                _fmt(fl.flops_ratio if fl else None, 4),
-            ])
-        blocks.append(Block("table", header=header, rows=body))
-        noted = [f"`{r['method']}`: {r['note']}" for r in res if r.get("note")]
+        rows = rows_at(results, scale)
+        blocks.append(table(columns, rows, results.metric))
+        noted = [f"`{r.method}`: {r.note}" for r in res if r.note]
         if noted:
             blocks.append(Block("ul", items=noted))
-        if any(r.get("fewer_seeds") and r["verdict"] not in FAILED for r in res):
+        if any(row.fewer for row in rows):
             blocks.append(Block("p", _fewer_note(res)))
         blocks.append(Block("p", f"What each method trained — {scale} (steps: of the planned "
                                  "where fewer, as for a stalled run stopped early):"))
-        blocks.append(Block("table", header=["method", "steps", "tokens", "params",
-                                             "train FLOPs/token", "FLOPs ×"], rows=trained))
+        blocks.append(table(trained_columns, rows, results.metric))
 
 
-def _delta_cell(r: dict[str, Any]) -> str:
-    """Δ and, where the test gave one, its simultaneous interval: ``-0.0123 [-0.02, -0.004]``."""
-    lo, hi = r.get("ci") or (math.nan, math.nan)
-    if isinstance(lo, float) and math.isfinite(lo) and math.isfinite(hi):
-        return f"{_fmt(r['delta'])} [{_fmt(lo)}, {_fmt(hi)}]"
-    return _fmt(r["delta"])
-
-
-def _mde_cell(r: dict[str, Any]) -> str:
-    """The minimum detectable |Δ| at 80 % power, with its size in σ: ``0.021 (3.1σ)``."""
-    mde, ms = r.get("mde", math.nan), r.get("mde_sigma", math.nan)
-    if isinstance(mde, float) and math.isfinite(mde):
-        return f"{_fmt(mde)} ({ms:.1f}σ)"
-    return "–"
-
-
-def _fewer_note(res: list[dict[str, Any]]) -> str:
-    floor = res[0]["floor"]
-    m = sum(1 for r in res if not r["is_baseline"] and r["verdict"] not in FAILED)
-    text = (f"† fewer finite seeds than the baseline ({floor['n']}): the verdict rests on fewer "
+def _fewer_note(res: list[MethodResult]) -> str:
+    floor = res[0].floor
+    m = sum(1 for r in res if not r.is_baseline and str(r.verdict) not in FAILED)
+    text = (f"† fewer finite seeds than the baseline ({floor.n}): the verdict rests on fewer "
             "seeds than the noise floor.")
-    thr = decision_threshold(floor["sigma"], m, alpha=ALPHA, correction=CORRECTION,
-                             floor_sigmas=FLOOR_SIGMAS, n=1, n_baseline=floor["n"],
-                             df=floor["df"])
-    if math.isfinite(thr) and floor["sigma"] > 0:
+    thr = decision_threshold(floor.sigma, m, alpha=ALPHA, correction=CORRECTION,
+                             floor_sigmas=FLOOR_SIGMAS, n=1, n_baseline=floor.n, df=floor.df)
+    if math.isfinite(thr) and floor.sigma > 0:
         text += (f" With this floor and {m} methods, one seed must lie more than "
-                 f"{thr / floor['sigma']:.1f}σ from the baseline's mean to be decided "
+                 f"{thr / floor.sigma:.1f}σ from the baseline's mean to be decided "
                  f"({CORRECTION.title()}'s strictest step).")
     return text
 
@@ -315,8 +241,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
     for scale, res in results.comparisons.items():
         by_n: dict[int, list[str]] = {}
         for r in res:  # a failed method's verdict does not rest on its finite seeds
-            if r["n"] < MIN_SEEDS and r["verdict"] not in FAILED:
-                by_n.setdefault(r["n"], []).append(f"`{r['method']}`")
+            if r.n < MIN_SEEDS and str(r.verdict) not in FAILED:
+                by_n.setdefault(r.n, []).append(f"`{r.method}`")
         if by_n:
             few.append(f"at {scale}, " + " and ".join(
                 f"{n} seed{'s' if n != 1 else ''} for {', '.join(ms)}"

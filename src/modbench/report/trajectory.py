@@ -19,7 +19,9 @@ import matplotlib.pyplot as plt
 
 from modbench.analysis.results import (
     ALPHA,
+    Comparisons,
     StudyResults,
+    comparisons_json,
     metric_table,
     read_looks,
     verdict_options,
@@ -54,18 +56,16 @@ def trajectories(results: StudyResults) -> dict[str, list[StepVerdict]]:
     return out
 
 
-def with_trajectories(comparisons: dict[str, list[dict[str, Any]]],
-                      traj: dict[str, list[StepVerdict]]) -> dict[str, list[dict[str, Any]]]:
-    """results.json: each method's comparison with a ``trajectory`` table (step, n, delta, ci,
-    verdict at each common validation step)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for scale, res in comparisons.items():
-        pts = traj.get(scale, [])
-        out[scale] = [{**r, "trajectory": [
-            {k: v for k, v in p.to_dict().items() if k != "method"}
-            for p in pts if p.method == r["method"]]} if not r.get("is_baseline") else r
-            for r in res]
-    return out
+def with_trajectories(comparisons: Comparisons, traj: dict[str, list[StepVerdict]]
+                      ) -> dict[str, list[dict[str, Any]]]:
+    """results.json: each method's comparison (:func:`~modbench.analysis.results.
+    comparisons_json`) with, but for the baseline's, a ``trajectory`` table (step, n, delta,
+    ci, verdict at each common validation step)."""
+    extra = {scale: {r.method: {"trajectory": [
+        {k: v for k, v in p.to_dict().items() if k != "method"}
+        for p in traj.get(scale, []) if p.method == r.method]}
+        for r in res if not r.is_baseline} for scale, res in comparisons.items()}
+    return comparisons_json(comparisons, extra)
 
 
 def trajectory_plot(points: list[StepVerdict], title: str, path: Path) -> Path:
