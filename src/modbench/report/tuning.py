@@ -83,7 +83,7 @@ def _phrase(r: dict[str, Any] | None, where: str) -> str:
     (Δ -0.01 [-0.03, 0.01])``: the verdict, where, and Δ with its interval when it has one."""
     v = _verdict(r)
     d = _delta(r)
-    return f"{_PHRASES.get(v, f'is {v}')} {where}" + (
+    return f"{_PHRASES.get(v, f'is {v}')}{' ' + where if where else ''}" + (
         f" (Δ {d})" if d and v not in ("diverged", "stalled") else "")
 
 
@@ -137,9 +137,9 @@ def tuning_section(results: StudyResults, out: Path) -> list[Block]:
             same = entry["best"] == entry["frozen"]
             own = f"{_value(entry['best'])}{', the frozen value' if same else ''}"
             at_frozen = f"at {key}={_value(entry['frozen'])}"
-            at_best = f"against the baseline at its best ({_value(b_best)})"
             sentences.append(f"`{method}` {_phrase(fr, at_frozen)}; at its own best {key} "
-                             f"({own}) it {_phrase(tr, at_best)}.")
+                             f"({own}), and the baseline at its own ({_value(b_best)}), it "
+                             f"{_phrase(tr, '')}.")
         blocks.append(Block("p", f"{scale}: tuning scores (mean `{best['metric']}` over the "
                                  "tuning seeds; the best in bold) and both verdicts."))
         blocks.append(Block("table", header=[
