@@ -17,7 +17,7 @@ from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FI
 from modbench.study.results import load_results, load_rows, write_study_report
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
-from modbench.study.tuning import choose_best, tuning_runs
+from modbench.study.tuning import choose_best, tuned_runs, tuned_verdicts, tuning_runs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -145,6 +145,30 @@ def test_a_failed_tuning_run_is_the_worst_and_ties_go_to_the_frozen_value(
         1e-3}
     missing = choose_best(spec, runs, [])["scales"]["tiny"]["post_ln"]  # none finished
     assert missing["best"] == 1e-3 and all(e["failed"] == 2 for e in missing["tried"])
+
+
+def test_tuned_verdicts_read_only_the_runs_at_the_chosen_values(tmp_path: Path) -> None:
+    """A tuned folder keeps runs at a value an earlier tuning chose (a changed grid, more
+    tuning seeds): the verdicts read only the runs at the values chosen now."""
+    spec = load_spec(write_spec(tmp_path))
+    best = {"scales": {"tiny": {"baseline": {"best": 3e-2}, "post_ln": {"best": 1e-3}}}}
+    runs = tuned_runs(spec, best)
+    assert sorted((r.method, r.seed) for r in runs) == [
+        ("baseline", 0), ("baseline", 1), ("baseline", 2), ("post_ln", 0)]
+    loss = {("baseline", 0): 5.0, ("baseline", 1): 5.02, ("baseline", 2): 4.98,
+            ("post_ln", 0): 5.01}
+    rows = [_row(r.key, r.method, r.seed, loss[(r.method, r.seed)]) for r in runs]
+    old = tuned_runs(spec, {"scales": {"tiny": {"baseline": {"best": 3e-2},
+                                                "post_ln": {"best": 3e-2}}}})
+    stale = [_row(r.key, r.method, r.seed, 3.0) for r in old if r.method == "post_ln"]
+    assert not {r.key for r in stale} & {r.key for r in runs}
+    got = tuned_verdicts(spec, rows + stale, runs)
+    post = next(r for r in got["comparisons"]["tiny"] if r["method"] == "post_ln")
+    assert post["verdict"] == "within_noise" and post["mean"] == pytest.approx(5.01)
+    assert got["seeds"]["tiny"] == {"baseline": [0, 1, 2], "post_ln": [0]}
+    with_stale = tuned_verdicts(spec, rows + stale, old + runs)  # both sets: the stale wins
+    assert next(r for r in with_stale["comparisons"]["tiny"]
+                if r["method"] == "post_ln")["verdict"] == "improver"
 
 
 @pytest.mark.parametrize(("tuning", "msg"), [

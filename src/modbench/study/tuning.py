@@ -153,9 +153,12 @@ def tuned_runs(spec: StudySpec, best: dict[str, Any]) -> list[RunSpec]:
     return out
 
 
-def tuned_verdicts(spec: StudySpec, rows: list[RunRow]) -> dict[str, Any]:
+def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> dict[str, Any]:
     """``verdicts.json``'s content: the tuned comparisons (:func:`compare_scales` on the tuned
-    folder's rows, the frozen study's rule) and, per scale and method, the seeds they read."""
+    folder's rows of ``runs``, the frozen study's rule) and, per scale and method, the seeds
+    they read. Rows of other runs (at a value an earlier tuning chose) are left out."""
+    keys = {r.key for r in runs}
+    rows = [r for r in rows if r.key in keys]
     metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
     comparisons = compare_scales(rows, spec.baseline, metric, list(spec.seeds.anchors),
                                  looks={})
@@ -186,7 +189,7 @@ def run_tuning(spec: StudySpec, out: str | Path, stage: Stage) -> list[dict[str,
     best = choose_best(spec, runs, load_rows(tuning_dir))
     _write_json(tuning_dir / BEST_FILE, best)
     tuned_dir = root / TUNED_DIR
-    counts.append(stage(_stage_spec(spec, TUNED_DIR, spec.seeds), tuned_dir,
-                        tuned_runs(spec, best)))
-    _write_json(tuned_dir / VERDICTS_FILE, tuned_verdicts(spec, load_rows(tuned_dir)))
+    second = tuned_runs(spec, best)
+    counts.append(stage(_stage_spec(spec, TUNED_DIR, spec.seeds), tuned_dir, second))
+    _write_json(tuned_dir / VERDICTS_FILE, tuned_verdicts(spec, load_rows(tuned_dir), second))
     return counts
