@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from modbench.analysis.results import RunRow
+from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE, as_dict
 from modbench.study.results import load_results, load_rows, write_study_report
@@ -185,6 +186,15 @@ def test_spec_errors_are_one_line(tmp_path: Path, tuning: dict[str, Any], msg: s
     with pytest.raises(ModbenchError, match=None) as e:
         load_spec(write_spec(tmp_path, tuning=tuning))
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validate_counts_the_stages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["study", "validate", str(write_spec(tmp_path))]) == 0
+    assert ("valid — 4 runs, 2 methods, scales tiny; tuning recipe.lr: 4 tuning runs, then 4 "
+            "tuned runs") in capsys.readouterr().out
+    bad = write_spec(tmp_path, tuning={"key": "recipe.lr", "grid": [1e-3], "seeds": [0]})
+    assert run_cli(["study", "validate", str(bad)]) == 2
+    assert "tuning.seeds shares seed(s) [0]" in capsys.readouterr().err
 
 
 def test_until_decided_is_refused_before_anything_is_written(tmp_path: Path) -> None:

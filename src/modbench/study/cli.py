@@ -304,8 +304,14 @@ def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-i
     s = load_spec(spec)
     runs = expand(s)
     scales = sorted({r.scale for r in runs})
+    tuning = ""
+    if s.tuning is not None:  # stage 1 resolves every value now; stage 2 trains len(runs) more
+        from modbench.study.tuning import tuning_runs
+
+        tuning = (f"; tuning {s.tuning.key}: {len(tuning_runs(s))} tuning runs, then "
+                  f"{len(runs)} tuned runs")
     typer.echo(f"{s.name}: valid — {len(runs)} runs, {len({r.method for r in runs})} methods, "
-               f"scales {', '.join(scales)}")
+               f"scales {', '.join(scales)}{tuning}")
 
 
 @study_app.command("plan")
