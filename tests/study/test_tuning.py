@@ -5,6 +5,7 @@ one-line errors."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,22 @@ def test_report_shows_both_verdicts(study: Path) -> None:
     assert f"at its own best recipe.lr ({best['post_ln']['best']:g}" in text
 
 
+def test_tuned_verdicts_of_an_earlier_choice_are_not_shown(study: Path, tmp_path: Path) -> None:
+    """A tuned stage cut before it finished leaves verdicts.json of the values chosen before:
+    the report says the stage has not finished instead of pairing them with the new choice."""
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy)
+    path = copy / TUNED_DIR / VERDICTS_FILE
+    data = json.loads(path.read_text())
+    data["values"]["tiny"]["post_ln"] = 1e-3
+    path.write_text(json.dumps(data))
+    text = (write_study_report(copy) / "report.md").read_text()
+    assert "The tuned stage has not finished" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `post_ln` |")
+               and line.count("|") == 9)
+    assert [c.strip() for c in row.strip("|").split("|")][6] == "not run"
+
+
 def _row(key: str, method: str, seed: int, loss: float | None,
          status: str = "completed") -> RunRow:
     return RunRow(key=key, scale="tiny", method=method, seed=seed, state="done",
@@ -167,6 +184,7 @@ def test_tuned_verdicts_read_only_the_runs_at_the_chosen_values(tmp_path: Path) 
     post = next(r for r in got["comparisons"]["tiny"] if r["method"] == "post_ln")
     assert post["verdict"] == "within_noise" and post["mean"] == pytest.approx(5.01)
     assert got["seeds"]["tiny"] == {"baseline": [0, 1, 2], "post_ln": [0]}
+    assert got["values"] == {"tiny": {"baseline": 3e-2, "post_ln": 1e-3}}
     with_stale = tuned_verdicts(spec, rows + stale, old + runs)  # both sets: the stale wins
     assert next(r for r in with_stale["comparisons"]["tiny"]
                 if r["method"] == "post_ln")["verdict"] == "improver"

@@ -117,6 +117,10 @@ def tuning_section(results: StudyResults, out: Path) -> list[Block]:
         "by the same rule as the frozen verdict (the study's own, every method at the "
         "spec's value). A verdict that changes between the two columns comes from the "
         f"recipe's `{key}`, not from the method alone."))]
+    chosen = {scale: {m: e["best"] for m, e in per.items()} for scale, per in
+              best["scales"].items()}
+    if verdicts is not None and verdicts.get("values") != chosen:
+        verdicts = None  # of an earlier choice: stage 2 has not finished for this one
     tuned = (verdicts or {}).get("comparisons", {})
     if verdicts is None:
         blocks.append(Block("p", "The tuned stage has not finished: run `modbench study run` "

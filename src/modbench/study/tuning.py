@@ -165,7 +165,9 @@ def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> 
     seeds = {scale: {m: sorted(s) for m, s in
                      metric_table(rows, scale, metric, spec.baseline).items()}
              for scale in comparisons}
-    return {"metric": metric, "seeds": seeds,
+    values = {scale: {r.method: config_value(r.config, spec.tuning.key) for r in runs
+                      if r.scale == scale} for scale in spec.scales} if spec.tuning else {}
+    return {"metric": metric, "seeds": seeds, "values": values,
             "comparisons": {scale: [as_dict(r) for r in res]
                             for scale, res in comparisons.items()}}
 
