@@ -67,8 +67,10 @@ def logged_step(run: TrainingRun, step: int) -> bool:
 
 def compiled_forward(run: TrainingRun) -> bool:
     """Whether the training forward runs through ``torch.compile`` (``train.compile``: true,
-    or ``auto`` on CUDA), so hooks on the model's modules must not be used."""
-    return compiles(run.cfg.train.compile, run.device)
+    or ``auto`` where the trainer chose to compile: the run's ``compiled``), so hooks on the
+    model's modules must not be used."""
+    chosen = getattr(run, "compiled", None)
+    return chosen if isinstance(chosen, bool) else compiles(run.cfg.train.compile, run.device)
 
 
 def decoder_sites(model: nn.Module) -> tuple[list[nn.Module], nn.Module]:

@@ -7,7 +7,9 @@ import os
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
 
 import torch
 
@@ -48,20 +50,118 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], AbstractC
 
 def compiles(setting: bool | str, device: torch.device) -> bool:
     """Whether ``train.compile`` = ``setting`` compiles the step on ``device``: ``true``
-    anywhere, ``auto`` on CUDA only (:func:`compiled`)."""
-    return setting is True or setting == "blocks" or (setting == "auto"
-                                                       and device.type == "cuda")
+    anywhere, ``auto`` on CUDA only (:func:`compiled`; on the CPU the trainer turns ``auto``
+    into ``try`` or ``false`` by :func:`choose_compile` before this is asked)."""
+    return setting in (True, "blocks", "try") or (setting == "auto" and device.type == "cuda")
 
 
-def compiled(fn: Callable[..., Any], setting: bool | str,
-             device: torch.device) -> Callable[..., Any]:
+#: ``train.compile=auto`` on the CPU, measured (BENCHMARKS.md, "train.compile=auto on the
+#: CPU"): the compiled step's speed-up over the eager one (the low end measured on cpu-deep),
+#: the eager step's floating-point rate per intra-op thread, and the compilation's cost: cold
+#: (an empty inductor cache) per decoder layer of the whole-model graph, and warm (the graph
+#: found in the cache) per process.
+CPU_COMPILE_SPEEDUP: Final = 1.25
+CPU_EAGER_FLOPS_PER_THREAD: Final = 35.7e9
+CPU_COLD_COMPILE_S_PER_LAYER: Final = 1.6
+CPU_WARM_COMPILE_S: Final = 4.0
+#: The file in the inductor cache folder that lists the graphs a modbench run compiled there
+#: (:func:`note_compiled`): a graph listed there compiles warm.
+COMPILED_GRAPHS: Final = "modbench-compiled-graphs.txt"
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """What ``train.compile`` comes to for one run: ``setting`` is what the engine compiles
+    with (:func:`compiled`; ``try``: compiled, falling back to eager with a warning), and
+    ``why`` says in words how ``auto`` decided (empty where the user's setting decided)."""
+
+    setting: bool | str
+    why: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        return self.setting in (True, "blocks", "try", "auto")
+
+
+def inductor_cache_dir() -> Path | None:
+    """The inductor cache folder this process compiles into (``TORCHINDUCTOR_CACHE_DIR``, a
+    study's own: ``modbench.study.runner.share_compile_cache``; else torch's default), None
+    where torch cannot say."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return Path(cache_dir())
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def graph_compiled_before(key: str) -> bool:
+    """Whether a modbench run noted the graph ``key`` in this process's inductor cache
+    (:func:`note_compiled`): then compiling it again loads it warm."""
+    folder = inductor_cache_dir()
+    try:
+        return folder is not None and key in (folder / COMPILED_GRAPHS).read_text(
+            encoding="utf-8").split()
+    except OSError:
+        return False
+
+
+def note_compiled(key: str) -> None:
+    """Note in the inductor cache that graph ``key`` compiled there (one line appended; a
+    cache that cannot be written only makes later runs judge it cold)."""
+    folder = inductor_cache_dir()
+    if folder is None or graph_compiled_before(key):
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / COMPILED_GRAPHS, "a", encoding="utf-8") as f:
+            f.write(key + "\n")
+    except OSError:
+        pass
+
+
+def choose_compile(setting: bool | str, device: torch.device, *, steps: int,
+                   step_flops: float, layers: int, warm: bool,
+                   threads: int | None = None) -> CompileChoice:
+    """``train.compile`` for a run of ``steps`` optimizer steps of ``step_flops`` training
+    FLOPs each (every seed it stacks counted) through a decoder of ``layers`` layers.
+
+    ``auto`` on CUDA compiles (falling back to eager with a warning). ``auto`` on the CPU
+    compiles only when the time the compiled step saves over the run, estimated as
+    ``steps · step_flops / (threads · CPU_EAGER_FLOPS_PER_THREAD) · (1 − 1 /
+    CPU_COMPILE_SPEEDUP)``, beats the compilation's cost: ``CPU_WARM_COMPILE_S`` when the
+    graph is in the inductor cache already (``warm``, :func:`graph_compiled_before`), else
+    ``CPU_COLD_COMPILE_S_PER_LAYER · layers``. The estimate uses no timing of this run, so the
+    same config in the same cache state decides the same way. Other settings are kept."""
+    if setting != "auto" or device.type != "cpu":
+        return CompileChoice(setting)
+    n = max(1, threads if threads is not None else torch.get_num_threads())
+    eager_s = steps * step_flops / (n * CPU_EAGER_FLOPS_PER_THREAD)
+    saving = eager_s * (1 - 1 / CPU_COMPILE_SPEEDUP)
+    cost = CPU_WARM_COMPILE_S if warm else CPU_COLD_COMPILE_S_PER_LAYER * max(layers, 1)
+    state = "warm" if warm else "cold"
+    if saving > cost:
+        return CompileChoice("try", f"compiled: it saves about {saving:.0f} s of an estimated "
+                                    f"{eager_s:.0f} s eager, more than its {state} "
+                                    f"compilation (~{cost:.0f} s)")
+    return CompileChoice(False, f"eager: compiling would save about {saving:.0f} s of an "
+                                f"estimated {eager_s:.0f} s, less than its {state} "
+                                f"compilation (~{cost:.0f} s)")
+
+
+def compiled(fn: Callable[..., Any], setting: bool | str, device: torch.device,
+             on_compiled: Callable[[], None] | None = None) -> Callable[..., Any]:
     """``fn`` (a model or a function of tensors) as the step runs it under ``train.compile``:
     ``False`` eager; ``True`` through ``torch.compile``; ``auto`` (the default) compiled on
-    CUDA, where it pays for its compilation within minutes, and eager on the CPU, where a
-    few-minute study would spend more on compiling than it saves (BENCHMARKS.md). Under
-    ``auto`` a model that fails to compile is run eagerly after a warning that names the
-    error: compilation changes speed, not results (the eager and compiled paths agree to
-    rounding; tests/test_cuda.py), so a run is not lost to it. Under ``true`` it fails."""
+    CUDA and, on the CPU, where the trainer's :func:`choose_compile` finds the run long
+    enough to repay its compilation (it then passes ``try``). Under ``auto`` and ``try`` a
+    model that fails to compile is run eagerly after a warning that names the error (once per
+    study: :func:`warn_once`): compilation changes speed, not results (the eager and compiled
+    paths agree to rounding; tests/test_cuda.py), so a run is not lost to it. Under ``true``
+    it fails. ``on_compiled`` is called once, after the first compiled call returns."""
     if not compiles(setting, device):
         return fn
     if setting == "blocks":
@@ -78,11 +178,11 @@ def compiled(fn: Callable[..., Any], setting: bool | str,
                     setattr(dynamo, name, need)
             for block in blocks:  # in place: the model (and FSDP2's hooks around it) stay
                 block.compile()
+            if on_compiled is not None:
+                on_compiled()
             return fn
         setting = True  # not a decoder (stacked seeds' function): compiled whole
     graph = torch.compile(fn)
-    if setting is True:
-        return graph
     state: dict[str, Any] = {"run": None}
 
     def first_tries_compiled(*args: Any, **kwargs: Any) -> Any:
@@ -92,16 +192,45 @@ def compiled(fn: Callable[..., Any], setting: bool | str,
         try:
             out = graph(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:  # not the model's own errors
-            warnings.warn(f"train.compile=auto: torch.compile failed ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
-                          "training eagerly (set train.compile=false to skip the attempt)",
-                          stacklevel=2)
+            if setting is True:
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            warn_once(f"train.compile={setting}: torch.compile failed ({type(e).__name__}: "
+                      f"{first}); training eagerly (set train.compile=false to skip the "
+                      "attempt)")
             state["run"] = fn
             return fn(*args, **kwargs)
         state["run"] = graph
+        if on_compiled is not None:
+            on_compiled()
         return out
 
     return first_tries_compiled
+
+
+#: The folder where :func:`warn_once` notes the warnings already given (a study sets it for
+#: its workers: ``modbench.study.runner.share_compile_cache``); unset, every warning is given.
+WARN_ONCE_ENV: Final = "MODBENCH_WARN_ONCE_DIR"
+
+
+def warn_once(message: str) -> None:
+    """A ``UserWarning`` given once per study, not once per run: with :data:`WARN_ONCE_ENV`
+    set, only the first process to note ``message`` there warns (an exclusive create of a file
+    named by its hash); without it, every time."""
+    folder = os.environ.get(WARN_ONCE_ENV)
+    if folder:
+        import hashlib
+
+        mark = Path(folder) / hashlib.sha256(message.encode()).hexdigest()[:16]
+        try:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            with open(mark, "x", encoding="utf-8") as f:
+                f.write(message + "\n")
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # cannot note it: warn
+    warnings.warn(message, stacklevel=3)
 
 
 def fused_kernel(params: list[torch.Tensor]) -> bool:

@@ -38,6 +38,8 @@ from modbench.study.store import Store
 
 #: The study's inductor cache (TORCHINDUCTOR_CACHE_DIR), under its folder (docs/runs.md)
 COMPILE_CACHE = ".cache/inductor"
+#: The warnings given once per study (``MODBENCH_WARN_ONCE_DIR``), under its folder
+WARNED = ".cache/warned"
 
 
 def share_compile_cache(out: str | Path) -> Any:
@@ -46,15 +48,23 @@ def share_compile_cache(out: str | Path) -> Any:
     ``out/.cache/inductor`` before any worker starts (spawned workers, and the jobs the
     cluster executors start from this environment, inherit it), so a run whose graph another
     run already compiled loads it warm instead of compiling cold. A cache directory the user
-    set is kept. Returns what restores this process's environment."""
-    key = "TORCHINDUCTOR_CACHE_DIR"
-    before = os.environ.get(key)
-    if before is None:
-        os.environ[key] = str((Path(out) / COMPILE_CACHE).resolve())
+    set is kept. Also sets ``MODBENCH_WARN_ONCE_DIR`` (``out/.cache/warned``), so that a
+    warning every run of a graph would give (a model that cannot compile and trains eagerly:
+    :func:`modbench.runtime.device.warn_once`) is given once per study. Returns what restores
+    this process's environment."""
+    from modbench.runtime.device import WARN_ONCE_ENV
+
+    settings = {"TORCHINDUCTOR_CACHE_DIR": Path(out) / COMPILE_CACHE,
+                WARN_ONCE_ENV: Path(out) / WARNED}
+    before = {key: os.environ.get(key) for key in settings}
+    for key, folder in settings.items():
+        if before[key] is None:
+            os.environ[key] = str(folder.resolve())
 
     def restore() -> None:
-        if before is None:
-            os.environ.pop(key, None)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
     return restore
 
 

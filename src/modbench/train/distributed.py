@@ -266,7 +266,8 @@ class DistributedEngine:
                  device: torch.device, autocast: Callable[[], AbstractContextManager[Any]],
                  world: World, *, parallel: str = "ddp", n_micro: int = 1,
                  compile: bool | str = False,
-                 param_dtype: torch.dtype = torch.float32) -> None:
+                 param_dtype: torch.dtype = torch.float32,
+                 on_compiled: Callable[[], None] | None = None) -> None:
         if world.size < 2 or not dist.is_initialized():
             raise ValueError("DistributedEngine needs an initialised group of 2+ processes")
         self.device, self.autocast, self.world = device, autocast, world
@@ -304,7 +305,7 @@ class DistributedEngine:
         self.wrapped = wrapped
         self.models: list[nn.Module] = [model]  # FSDP: the model itself, sharded in place
         self.optimizers: list[torch.optim.Optimizer] = [make_optimizer(model)]
-        self.forward: Callable[..., Any] = compiled(wrapped, compile, device)
+        self.forward: Callable[..., Any] = compiled(wrapped, compile, device, on_compiled)
 
     # ------------------------------------------------------------------ the step
 

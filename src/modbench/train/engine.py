@@ -86,11 +86,12 @@ class LocalEngine:
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer],
                  device: torch.device, autocast: Callable[[], AbstractContextManager[Any]], *,
-                 n_micro: int = 1, compile: bool | str = False) -> None:
+                 n_micro: int = 1, compile: bool | str = False,
+                 on_compiled: Callable[[], None] | None = None) -> None:
         self.models, self.optimizers, self.device = models, optimizers, device
         self.autocast, self.n_micro = autocast, n_micro
         if len(models) == 1:
-            self.forward: Callable[..., Any] = compiled(models[0], compile, device)
+            self.forward: Callable[..., Any] = compiled(models[0], compile, device, on_compiled)
         else:
             base = copy.deepcopy(models[0]).to("meta")  # the structure; weights come stacked
 
@@ -105,7 +106,7 @@ class LocalEngine:
                 return loss + aux / self.n_micro, loss
 
             stacked = vmap(member_loss, in_dims=(0, 0, None, None, None))
-            self.forward = compiled(stacked, compile, device)
+            self.forward = compiled(stacked, compile, device, on_compiled)
             self.base = base
 
     def set_lr(self, lr: float) -> None:

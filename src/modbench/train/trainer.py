@@ -73,7 +73,15 @@ from modbench.runtime.checkpoint import (
     stop_requested,
 )
 from modbench.runtime.data import Prefetcher, open_data_in_group
-from modbench.runtime.device import autocast_for, resolve_device, return_freed_activations
+from modbench.runtime.device import (
+    CompileChoice,
+    autocast_for,
+    choose_compile,
+    graph_compiled_before,
+    note_compiled,
+    resolve_device,
+    return_freed_activations,
+)
 from modbench.runtime.lock import LOCK_NAME, FolderLock
 from modbench.runtime.loss import finite_or_none, perplexity
 from modbench.runtime.runfolder import (
@@ -114,6 +122,10 @@ class Progress:
 
     step: int = 0  # optimizer steps done when the loop (re)starts
     train_time: float = 0.0
+    # this process's seconds in validation (callbacks' on_eval included) and its first step's
+    # (a compiled step compiles there): the time-to-decision benchmark's shares
+    val_time: float = 0.0
+    first_step_time: float | None = None
     initial_val: float | None = None
     last_val: float | None = None
     status: str = "completed"  # completed | diverged | stalled (decided at the end: _finish)
@@ -193,6 +205,12 @@ class Member:
     @property
     def data(self) -> Any:
         return self.trainer.data
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the training forward runs through ``torch.compile`` (``train.compile`` as
+        the trainer chose it: :func:`~modbench.runtime.device.choose_compile`)."""
+        return self.trainer.compile_choice.compiled
 
     @property
     def step(self) -> int:
@@ -455,6 +473,8 @@ class Trainer:
                 dt: float) -> None:
         """The step's metrics record: offered to the callbacks, then logged."""
         m.prog.train_time += dt
+        if m.prog.first_step_time is None:
+            m.prog.first_step_time = dt
         done = step + 1
         record = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": self._tokens(1) / dt,
@@ -467,11 +487,13 @@ class Trainer:
         """A member's validation loss at ``step``, logged (with what callbacks add) and
         remembered."""
         tc = self.cfg.train
+        began = time.perf_counter()
         v = self.engine.validation_loss(m.index, self.data, tc.eval_sequences,
                                         self.micro_batch or tc.batch_size)
         record = {"kind": "val", "step": step, "val_loss": finite_or_none(v),
                   "val_ppl": perplexity(v)}
         self._emit([m], "on_eval", step, record)
+        m.prog.val_time += time.perf_counter() - began
         m.log.write(record)
         m.prog.last_val = v
         m.prog.vals.append((step, finite_or_none(v)))
@@ -606,13 +628,18 @@ class Trainer:
         """The engine: the members on this device, or one member across the processes."""
         cfg, tc = self.cfg, self.cfg.train
         autocast = autocast_for(cfg.recipe.precision, self.device)
+        self.compile_choice = self._compile_choice(len(models))
+        setting, on_compiled = self.compile_choice.setting, self._note_compiled
+        if self.compile_choice.why and self.world.main and self.progress:
+            print(f"train.compile=auto on the CPU: {self.compile_choice.why}",
+                  file=sys.stderr, flush=True)
         if self.world.size > 1:
             dtype = fsdp_param_dtype(tc.fsdp_param_dtype, cfg.recipe.precision, self.device)
             engine = DistributedEngine(
                 models[0], lambda model: build_optimizer(model, cfg.recipe), self.device,
                 autocast, self.world, parallel=tc.parallel,
                 n_micro=local_batch(tc, self.world.size, self.micro_batch)[1],
-                compile=tc.compile, param_dtype=dtype)
+                compile=setting, param_dtype=dtype, on_compiled=on_compiled)
             if engine.units and self.world.main and self.progress:
                 print(f"train.parallel=fsdp: {len(engine.units)} FSDP2 units "
                       f"({', '.join(engine.units[:3])}{', ...' if len(engine.units) > 3 else ''})"
@@ -622,7 +649,35 @@ class Trainer:
         return LocalEngine(
             models, [build_optimizer(model, cfg.recipe) for model in models], self.device,
             autocast, n_micro=tc.batch_size // (self.micro_batch or tc.batch_size),
-            compile=tc.compile)
+            compile=setting, on_compiled=on_compiled)
+
+    def _graph_key(self, members: int) -> str:
+        """What makes one compiled training graph: the model, the batch's shape, the stacked
+        seeds, the precision and torch's version (:func:`note_compiled`)."""
+        tc = self.cfg.train
+        blob = json.dumps({"model": self.cfg.to_dict()["model"], "members": members,
+                           "rows": self.micro_batch or tc.batch_size // self.world.size,
+                           "seq": tc.seq_len, "precision": self.cfg.recipe.precision,
+                           "compile": tc.compile, "torch": torch.__version__},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _compile_choice(self, members: int) -> CompileChoice:
+        """``train.compile`` for this run (:func:`choose_compile`: ``auto`` on the CPU compiles
+        only where the run repays its compilation)."""
+        tc = self.cfg.train
+        if tc.compile != "auto" or self.device.type != "cpu":
+            return CompileChoice(tc.compile)
+        from modbench.analysis.flops import flop_report
+
+        per_token = flop_report(self.cfg.model, tc.seq_len).train_flops_per_token
+        return choose_compile(tc.compile, self.device, steps=tc.steps,
+                              step_flops=per_token * tc.batch_size * tc.seq_len * members,
+                              layers=self.cfg.model.n_layers,
+                              warm=graph_compiled_before(self._graph_key(members)))
+
+    def _note_compiled(self) -> None:
+        note_compiled(self._graph_key(len(self.members)))
 
     def _resume(self, m: Member, path: Path) -> int:
         state = load_checkpoint(path)
@@ -695,6 +750,10 @@ class Trainer:
             "last_grad_norms": [{"step": s, "grad_norm": g} for s, g in prog.grad_norms],
             "device": str(self.device),
             "train_time_s": prog.train_time,
+            "val_time_s": prog.val_time,  # this process's (a resumed run: since the resume)
+            "first_step_s": prog.first_step_time,
+            "compiled": self.compile_choice.compiled,
+            **({"compile_choice": self.compile_choice.why} if self.compile_choice.why else {}),
             "batches_sha256": prog.batches_sha256,
             "micro_batch_size": self.micro_batch or tc.batch_size // self.world.size,
             **({"stacked_seeds": [x.cfg.seed for x in self.members]}
