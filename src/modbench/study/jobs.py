@@ -230,6 +230,10 @@ def _failure(error: Exception) -> str:
     return traceback.format_exc()
 
 
+#: ``RUN/diagnostics/`` file with the seconds a study's diagnosis of the run took
+DIAGNOSE_TIME = "time.json"
+
+
 def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None) -> None:
     """``evaluation.diagnostics``: ``modbench diagnose`` a run that did not diverge (a
     stalled one too: its layers show why), if its seed is one the spec names; the JSON only,
@@ -242,7 +246,16 @@ def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None)
     from modbench.report.diagnostics import DIAGNOSTICS_JSON, diagnose
 
     if not (m.run / "diagnostics" / DIAGNOSTICS_JSON).is_file():
+        import json
+        import time
+
+        from modbench.fsutil import atomic_write_text
+
+        began = time.perf_counter()
         diagnose(m.run, batches=int(asked.get("batches") or 1), figures=False, progress=False)
+        # what it cost (benchmarks/time_to_decision.py reads it)
+        atomic_write_text(m.run / "diagnostics" / DIAGNOSE_TIME, json.dumps(
+            {"seconds": time.perf_counter() - began}) + "\n")
 
 
 class Executor(Protocol):
