@@ -115,6 +115,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default="", help="a spec (default: the built-in study)")
     ap.add_argument("--vs", default="", help="a git revision to time against, interleaved")
+    ap.add_argument("--at", default="", help="time a worktree of this revision instead of the "
+                    "working tree (which others may be editing)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to `study run --set` (e.g. train.steps=100 for a quick try)")
@@ -124,6 +126,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": HERE / "src"}
+        if a.at:
+            trees = {a.at: worktree(a.at, Path(tmp) / "at") / "src"}
         if a.vs:
             trees[a.vs] = worktree(a.vs, Path(tmp) / "vs") / "src"
         rng = random.Random(0)
@@ -138,9 +142,10 @@ def main() -> None:
                 row["cpu_per_run_s"] = t["cpu_s"] / max(1, row["runs"])
                 rows.append(row)
                 print(json.dumps({x: y for x, y in row.items() if x != "verdicts"}), flush=True)
-        if a.vs:
-            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force",
-                            str(Path(tmp) / "vs")], check=False)
+        for name in ("at", "vs"):
+            if getattr(a, name):
+                subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force",
+                                str(Path(tmp) / name)], check=False)
     print("\n| tree | round | wall | CPU s | CPU s / run | runs | steps | stalled runs "
           "| validation | compile | diagnostics |\n|---|---:|---:|---:|---:|---:|---:|---:|"
           "---:|---:|---:|")
