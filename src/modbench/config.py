@@ -436,6 +436,10 @@ class RunConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """The config's serialised form: a tree of plain values (every key, nested by
+        section) that :func:`from_dict` reads back to an equal config; ``config.yaml``
+        (:func:`dump_yaml`) and a study job crossing to another process
+        (``modbench.study.jobs.Job``) carry it."""
         return _to_plain(dataclasses.asdict(self))
 
 
@@ -959,11 +963,21 @@ def _coerce(obj: Any, name: str, value: Any, key: str) -> Any:
 
 
 def dump_yaml(cfg: RunConfig) -> str:
+    """:meth:`RunConfig.to_dict` as YAML (a run's ``config.yaml``)."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-def from_dict(tree: dict[str, Any]) -> RunConfig:
-    """Rebuild a RunConfig from its dictionary form (e.g. a run's config.yaml)."""
+def from_dict(tree: Any) -> RunConfig:
+    """Read a config back from its serialised form (:meth:`RunConfig.to_dict`; a run's
+    ``config.yaml`` without its ``meta``): the checks :func:`resolve` makes, no other: every
+    key known and each value of its field's type (``_coerce``), then
+    :meth:`RunConfig.validate`. Keys the tree lacks (added since it was written) take their
+    defaults. Raises :class:`~modbench.errors.ModbenchError` in one line for a tree that is
+    not a valid config."""
+    if not isinstance(tree, dict):
+        raise ModbenchError(f"a serialised run config must be a mapping of sections, got "
+                            f"{type(tree).__name__}; it was not written by modbench")
     cfg = RunConfig()
     _merge_tree(cfg, tree, prefix="")
+    cfg.validate()
     return cfg
