@@ -104,6 +104,9 @@ class TokenDataset:
         self.dtype = np.dtype("<u2") if self.meta["dtype"] == "uint16" else np.dtype("<u4")
         self._shards: dict[str, list[np.memmap[Any, Any]]] = {}
         self._offsets: dict[str, np.ndarray] = {}
+        # the validation batches already read, by (rows, batch size): every evaluation of a
+        # run reads the same ones (a few hundred KB; val_batches)
+        self._val_cache: dict[tuple[int, int], list[torch.Tensor]] = {}
         for split in SPLITS:
             maps: list[np.memmap[Any, Any]] = []
             counts = [0]
@@ -316,9 +319,18 @@ class TokenDataset:
         return self._val_iter(n, batch_size)
 
     def _val_iter(self, n: int, batch_size: int) -> Iterator[torch.Tensor]:
-        for start in range(0, n, batch_size):
-            idx = np.arange(start, min(start + batch_size, n), dtype=np.int64)
-            yield torch.from_numpy(self._rows("val", idx))
+        """The batches, read once per (rows, batch size) and kept: a run validates on the same
+        rows at every evaluation. Each is handed out as a fresh view, so a caller's in-place
+        change of its batch cannot reach the next evaluation's."""
+        key = (n, batch_size)
+        if key not in self._val_cache:
+            batches = []
+            for start in range(0, n, batch_size):
+                idx = np.arange(start, min(start + batch_size, n), dtype=np.int64)
+                batches.append(torch.from_numpy(self._rows("val", idx)))
+            self._val_cache[key] = batches
+        for batch in self._val_cache[key]:
+            yield batch.clone()
 
     def summary(self) -> str:
         """A human-readable multi-line summary of the metadata."""

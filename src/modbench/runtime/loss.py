@@ -65,15 +65,16 @@ def validation_loss(model: nn.Module, data: Any, n_sequences: int, batch_size: i
     the full logits of a batch never exist."""
     was_training = model.training
     model.eval()
-    total, rows = 0.0, 0
+    total: torch.Tensor | float = 0.0
+    rows = 0
     for batch in data.val_batches(n_sequences, batch_size):
         batch = batch.to(device)
         with autocast():
             loss = model(batch, loss=True) / (batch.shape[1] - 1)  # summed over its rows
-        total += loss.item()
+        total = total + loss.detach().double()  # as float() would sum: one read-back below
         rows += batch.shape[0]
     model.train(was_training)
-    return total / max(rows, 1)
+    return float(total) / max(rows, 1)
 
 
 def perplexity(loss: float | None) -> float | None:
