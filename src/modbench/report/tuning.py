@@ -80,11 +80,15 @@ _PHRASES = {"improver": "improves on the baseline", "degrader": "is worse than t
 
 def _phrase(r: dict[str, Any] | None, where: str) -> str:
     """``stalls at recipe.lr=0.003`` or ``is within noise of the baseline at recipe.lr=0.001
-    (Δ -0.01 [-0.03, 0.01])``: the verdict, where, and Δ with its interval when it has one."""
+    (Δ -0.01 [-0.03, 0.01])``: the verdict, where, Δ with its interval when it has a finite
+    one, and the verdict's note (why it is what it is) when it has one."""
     v = _verdict(r)
-    d = _delta(r)
-    return f"{_PHRASES.get(v, f'is {v}')}{' ' + where if where else ''}" + (
-        f" (Δ {d})" if d and v not in ("diverged", "stalled") else "")
+    delta = (r or {}).get("delta")
+    shown = isinstance(delta, float) and math.isfinite(delta) and v not in ("diverged",
+                                                                             "stalled")
+    note = str((r or {}).get("note") or "")
+    return (f"{_PHRASES.get(v, f'is {v}')}{' ' + where if where else ''}"
+            + (f" (Δ {_delta(r)})" if shown else "") + (f" ({note})" if note else ""))
 
 
 def _tried(entry: dict[str, Any]) -> str:
