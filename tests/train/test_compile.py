@@ -15,6 +15,7 @@ import torch
 from modbench.config import resolve
 from modbench.errors import ModbenchError
 from modbench.runtime.device import (
+    CPU_COLD_COMPILE_S,
     CPU_COLD_COMPILE_S_PER_LAYER,
     CPU_COMPILE_SPEEDUP,
     CPU_EAGER_FLOPS_PER_THREAD,
@@ -150,7 +151,7 @@ def _steps_to_repay(cost_s: float, step_flops: float) -> float:
 
 def test_auto_on_the_cpu_compiles_only_a_run_long_enough_to_repay_it() -> None:
     flops, layers = 2e9, 10
-    cold = _steps_to_repay(CPU_COLD_COMPILE_S_PER_LAYER * layers, flops)
+    cold = _steps_to_repay(CPU_COLD_COMPILE_S + CPU_COLD_COMPILE_S_PER_LAYER * layers, flops)
     warm = _steps_to_repay(CPU_WARM_COMPILE_S, flops)
     assert warm < cold
 

@@ -56,13 +56,16 @@ def compiles(setting: bool | str, device: torch.device) -> bool:
 
 
 #: ``train.compile=auto`` on the CPU, measured (BENCHMARKS.md, "train.compile=auto on the
-#: CPU"): the compiled step's speed-up over the eager one (the low end measured on cpu-deep),
-#: the eager step's floating-point rate per intra-op thread, and the compilation's cost: cold
-#: (an empty inductor cache) per decoder layer of the whole-model graph, and warm (the graph
-#: found in the cache) per process.
+#: CPU", ``benchmarks/compile_auto.py``), in seconds of an idle core: the compiled step's
+#: speed-up over the eager one (the low end of cpu-deep's 1.25–1.37 and cpu-small's 1.33),
+#: the eager step's floating-point rate per intra-op thread (the built-in study's), and the
+#: compilation's cost: cold (an empty inductor cache) a fixed part plus a part per decoder
+#: layer of the whole-model graph (tiny, cpu-small and cpu-deep: 2, 4 and 24 layers), and
+#: warm (the graph found in the cache) per process.
 CPU_COMPILE_SPEEDUP: Final = 1.25
 CPU_EAGER_FLOPS_PER_THREAD: Final = 35.7e9
-CPU_COLD_COMPILE_S_PER_LAYER: Final = 1.6
+CPU_COLD_COMPILE_S: Final = 12.5
+CPU_COLD_COMPILE_S_PER_LAYER: Final = 1.0
 CPU_WARM_COMPILE_S: Final = 4.0
 #: The file in the inductor cache folder that lists the graphs a modbench run compiled there
 #: (:func:`note_compiled`): a graph listed there compiles warm.
@@ -134,14 +137,16 @@ def choose_compile(setting: bool | str, device: torch.device, *, steps: int,
     ``steps · step_flops / (threads · CPU_EAGER_FLOPS_PER_THREAD) · (1 − 1 /
     CPU_COMPILE_SPEEDUP)``, beats the compilation's cost: ``CPU_WARM_COMPILE_S`` when the
     graph is in the inductor cache already (``warm``, :func:`graph_compiled_before`), else
-    ``CPU_COLD_COMPILE_S_PER_LAYER · layers``. The estimate uses no timing of this run, so the
-    same config in the same cache state decides the same way. Other settings are kept."""
+    ``CPU_COLD_COMPILE_S + CPU_COLD_COMPILE_S_PER_LAYER · layers``. The estimate uses no
+    timing of this run, so the same config in the same cache state decides the same way.
+    Other settings are kept."""
     if setting != "auto" or device.type != "cpu":
         return CompileChoice(setting)
     n = max(1, threads if threads is not None else torch.get_num_threads())
     eager_s = steps * step_flops / (n * CPU_EAGER_FLOPS_PER_THREAD)
     saving = eager_s * (1 - 1 / CPU_COMPILE_SPEEDUP)
-    cost = CPU_WARM_COMPILE_S if warm else CPU_COLD_COMPILE_S_PER_LAYER * max(layers, 1)
+    cost = (CPU_WARM_COMPILE_S if warm
+            else CPU_COLD_COMPILE_S + CPU_COLD_COMPILE_S_PER_LAYER * max(layers, 1))
     state = "warm" if warm else "cold"
     if saving > cost:
         return CompileChoice("try", f"compiled: it saves about {saving:.0f} s of an estimated "
