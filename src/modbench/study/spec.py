@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -497,19 +498,28 @@ def expand(spec: StudySpec) -> list[RunSpec]:
     if spec.data.order not in DATA_ORDERS:
         raise ModbenchError(f"data.order must be one of {', '.join(DATA_ORDERS)}, got "
                             f"{spec.data.order!r}")
-    runs: list[RunSpec] = []
+    return unique_runs(run_spec(spec, scale, method, seed) for scale in spec.scales
+                       for method in methods for seed in verdict_seeds(spec, method))
+
+
+def verdict_seeds(spec: StudySpec, method: str) -> list[int]:
+    """The init seeds ``method`` runs on for the study's verdicts: the default seeds, and for
+    the baseline and the anchors the noise-floor seeds besides."""
+    seeds = [int(s) for s in spec.seeds.default]
+    if method in set(spec.seeds.anchors) | {spec.baseline}:
+        seeds += [int(s) for s in spec.seeds.noise_floor if int(s) not in seeds]
+    return seeds
+
+
+def unique_runs(runs: Iterable[RunSpec]) -> list[RunSpec]:
+    """``runs`` in order, each key once (two spellings of one config are one run)."""
+    out: list[RunSpec] = []
     seen: set[str] = set()
-    for scale in spec.scales:
-        for method in methods:
-            seeds = list(spec.seeds.default)
-            if method in anchors:
-                seeds += [s for s in spec.seeds.noise_floor if s not in seeds]
-            for seed in seeds:
-                run = run_spec(spec, scale, method, int(seed))
-                if run.key not in seen:
-                    seen.add(run.key)
-                    runs.append(run)
-    return runs
+    for run in runs:
+        if run.key not in seen:
+            seen.add(run.key)
+            out.append(run)
+    return out
 
 
 #: ``train.stop_stalled_after`` in every study run (a spec's overrides may change it, or

@@ -44,7 +44,15 @@ from modbench.analysis.results import (
 from modbench.fsutil import atomic_write_text
 from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE, as_dict
 from modbench.study.results import load_rows
-from modbench.study.spec import RunSpec, Seeds, StudySpec, run_spec, tuning_grid
+from modbench.study.spec import (
+    RunSpec,
+    Seeds,
+    StudySpec,
+    run_spec,
+    tuning_grid,
+    unique_runs,
+    verdict_seeds,
+)
 
 #: runs a stage: (sub-spec, its folder, its runs) -> the runner's counts
 Stage = Callable[[StudySpec, Path, list[RunSpec]], dict[str, Any]]
@@ -136,21 +144,10 @@ def tuned_runs(spec: StudySpec, best: dict[str, Any]) -> list[RunSpec]:
     """Stage 2's runs: every method at its best value on the spec's verdict seeds (the
     default seeds; the baseline and the anchors also the noise-floor seeds, as
     :func:`modbench.study.spec.expand`)."""
-    anchors = set(spec.seeds.anchors) | {spec.baseline}
-    out: list[RunSpec] = []
-    seen: set[str] = set()
-    for scale in spec.scales:
-        for method in _methods(spec):
-            tuned = with_value(spec, best["scales"][scale][method]["best"])
-            seeds = list(spec.seeds.default)
-            if method in anchors:
-                seeds += [s for s in spec.seeds.noise_floor if s not in seeds]
-            for seed in seeds:
-                r = run_spec(tuned, scale, method, int(seed))
-                if r.key not in seen:
-                    seen.add(r.key)
-                    out.append(r)
-    return out
+    return unique_runs(
+        run_spec(with_value(spec, best["scales"][scale][method]["best"]), scale, method, seed)
+        for scale in spec.scales for method in _methods(spec)
+        for seed in verdict_seeds(spec, method))
 
 
 def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> dict[str, Any]:
