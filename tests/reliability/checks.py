@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from modbench.runtime.checkpoint import load_checkpoint
-from modbench.runtime.runfolder import CHECKPOINT
+from modbench.runtime.runfolder import CHECKPOINT, SUMMARY_TIMINGS
 
 # Summary keys that measure time, not the result.
-TIMING_KEYS = ("tokens_per_s", "train_time_s")
+TIMING_KEYS = SUMMARY_TIMINGS
 # Checkpoint keys that measure time or byte offsets of timing-bearing lines.
 CKPT_TIMING_KEYS = ("train_time", "metrics_offset")
 

@@ -36,6 +36,7 @@ from modbench.analysis.bench import PEAK_BF16_TFLOPS
 from modbench.analysis.flops import flop_report
 from modbench.cli import run_cli
 from modbench.errors import ModbenchError
+from modbench.runtime.runfolder import SUMMARY_TIMINGS
 from modbench.study.cluster import ExecutorOptions, check_options
 from modbench.study.runner import Job, _jobs, run_study
 from modbench.study.spec import expand, load_spec
@@ -100,8 +101,8 @@ def rows(folder: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for r in Store(folder).rows():
         r = {k: v for k, v in r.items() if k not in VOLATILE_ROW}
-        for k in ("tokens_per_s", "train_time_s"):
-            r["summary"].pop(k)
+        for k in SUMMARY_TIMINGS:
+            r["summary"].pop(k, None)
         out[r["key"]] = r
     return out
 

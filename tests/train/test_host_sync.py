@@ -16,6 +16,7 @@ import torch
 
 from modbench.errors import ModbenchError
 from modbench.runtime.data import Prefetcher, open_data
+from modbench.runtime.runfolder import SUMMARY_TIMINGS
 from modbench.train.engine import host_floats
 from modbench.train.trainer import Trainer
 from tests.helpers import read_metrics, tiny
@@ -27,7 +28,7 @@ def _strip(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _summary(run: Path) -> dict[str, Any]:
     s = json.loads((run / "summary.json").read_text())
-    return {k: v for k, v in s.items() if k not in ("tokens_per_s", "train_time_s")}
+    return {k: v for k, v in s.items() if k not in SUMMARY_TIMINGS}
 
 
 def _train(cfg: Any, out: Path | list[Path], sync_every: int,

@@ -28,6 +28,9 @@ from modbench.errors import ModbenchError
 CONFIG = Path("config.yaml")
 METRICS = Path("metrics.jsonl")
 SUMMARY = Path("summary.json")
+#: summary.json's keys that measure this process's time, not the run's result: two runs with
+#: equal results differ in these only
+SUMMARY_TIMINGS = ("tokens_per_s", "train_time_s", "val_time_s", "first_step_s")
 EVAL = Path("eval.json")
 CHECKPOINT = Path("checkpoints") / "last.pt"
 

@@ -670,7 +670,11 @@ class Trainer:
             return CompileChoice(tc.compile)
         from modbench.analysis.flops import flop_report
 
-        per_token = flop_report(self.cfg.model, tc.seq_len).train_flops_per_token
+        try:
+            per_token = flop_report(self.cfg.model, tc.seq_len).train_flops_per_token
+        except NotImplementedError:  # a method without its FLOPs (a user's own): no estimate
+            return CompileChoice(False, "eager: the run's FLOPs are not known (a method "
+                                        "without extra_flops), so no saving can be estimated")
         return choose_compile(tc.compile, self.device, steps=tc.steps,
                               step_flops=per_token * tc.batch_size * tc.seq_len * members,
                               layers=self.cfg.model.n_layers,
