@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from modbench.config import resolve
 from modbench.errors import ModbenchError
 from modbench.report.diagnostics import (
     DIAGNOSTICS_DIR,
@@ -72,7 +73,7 @@ def test_bad_diagnostics_are_refused_in_one_line(tmp_path: Path, value: Any,
 
 
 def test_a_diverged_run_or_another_seed_is_not_diagnosed(tmp_path: Path) -> None:
-    m = _Member("k", "tiny/baseline/s1", {"seed": 1}, tmp_path / "no-run-here")
+    m = _Member("k", "tiny/baseline/s1", resolve("tiny", seed=1), tmp_path / "no-run-here")
     _diagnose(m, {"status": "diverged"}, {"batches": 1, "seeds": None})
     _diagnose(m, {"status": "completed"}, {"batches": 1, "seeds": [0]})
     _diagnose(m, {"status": "completed"}, None)
