@@ -320,7 +320,7 @@ class TokenDataset:
 
     def _val_iter(self, n: int, batch_size: int) -> Iterator[torch.Tensor]:
         """The batches, read once per (rows, batch size) and kept: a run validates on the same
-        rows at every evaluation. Each is handed out as a fresh view, so a caller's in-place
+        rows at every evaluation. Each is handed out as a fresh copy, so a caller's in-place
         change of its batch cannot reach the next evaluation's."""
         key = (n, batch_size)
         if key not in self._val_cache:

@@ -246,7 +246,6 @@ def _diagnose(m: _Member, summary: dict[str, Any], asked: dict[str, Any] | None)
     from modbench.report.diagnostics import DIAGNOSTICS_JSON, diagnose
 
     if not (m.run / "diagnostics" / DIAGNOSTICS_JSON).is_file():
-        import json
         import time
 
         from modbench.fsutil import atomic_write_text

@@ -628,8 +628,12 @@ class Trainer:
         """The engine: the members on this device, or one member across the processes."""
         cfg, tc = self.cfg, self.cfg.train
         autocast = autocast_for(cfg.recipe.precision, self.device)
-        self.compile_choice = self._compile_choice(len(models))
-        setting, on_compiled = self.compile_choice.setting, self._note_compiled
+        graph = self._graph_key(len(models))
+        self.compile_choice = self._compile_choice(len(models), graph)
+        setting = self.compile_choice.setting
+
+        def on_compiled() -> None:
+            note_compiled(graph)  # later runs of this graph compile it warm
         if self.compile_choice.why and self.world.main and self.progress:
             print(f"train.compile=auto on the CPU: {self.compile_choice.why}",
                   file=sys.stderr, flush=True)
@@ -662,9 +666,10 @@ class Trainer:
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def _compile_choice(self, members: int) -> CompileChoice:
+    def _compile_choice(self, members: int, graph: str) -> CompileChoice:
         """``train.compile`` for this run (:func:`choose_compile`: ``auto`` on the CPU compiles
-        only where the run repays its compilation)."""
+        only where the run repays its compilation; warm where ``graph``, its
+        :meth:`_graph_key`, compiled into this cache before)."""
         tc = self.cfg.train
         if tc.compile != "auto" or self.device.type != "cpu":
             return CompileChoice(tc.compile)
@@ -678,10 +683,7 @@ class Trainer:
         return choose_compile(tc.compile, self.device, steps=tc.steps,
                               step_flops=per_token * tc.batch_size * tc.seq_len * members,
                               layers=self.cfg.model.n_layers,
-                              warm=graph_compiled_before(self._graph_key(members)))
-
-    def _note_compiled(self) -> None:
-        note_compiled(self._graph_key(len(self.members)))
+                              warm=graph_compiled_before(graph))
 
     def _resume(self, m: Member, path: Path) -> int:
         state = load_checkpoint(path)
