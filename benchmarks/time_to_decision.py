@@ -25,6 +25,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to `study run --set` (e.g. train.steps=100 for a quick try)")
     ap.add_argument("--json", default="", help="write the figures here too")
+    ap.add_argument("--keep", default="", help="copy each timed study folder into this folder "
+                    "(as <tree>-<round>) to read its report or reuse its runs afterwards")
     a = ap.parse_args()
     extra = [x for kv in a.set for x in ("--set", kv)]
     rows: list[dict[str, Any]] = []
@@ -141,6 +144,9 @@ def main() -> None:
                        "verdicts": verdicts(out)}
                 row["cpu_per_run_s"] = t["cpu_s"] / max(1, row["runs"])
                 rows.append(row)
+                if a.keep:  # after the timing: the copy is not counted
+                    label = "".join(c if c.isalnum() else "_" for c in name)
+                    shutil.copytree(out, Path(a.keep) / f"{label}-{k}", dirs_exist_ok=True)
                 print(json.dumps({x: y for x, y in row.items() if x != "verdicts"}), flush=True)
         for name in ("at", "vs"):
             if getattr(a, name):
