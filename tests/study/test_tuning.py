@@ -220,3 +220,41 @@ def test_until_decided_is_refused_before_anything_is_written(tmp_path: Path) -> 
         run_study(load_spec(write_spec(tmp_path)), tmp_path / "s", until_decided=3,
                   progress=False)
     assert "\n" not in str(e.value) and not (tmp_path / "s").exists()
+
+
+def test_dry_run_counts_every_stage(study: Path, tmp_path: Path) -> None:
+    """`study run --dry-run` of a tuned spec counts the tuning and tuned stages after the
+    frozen study: before anything ran, 2 methods x 2 values x 1 seed and one tuned run per
+    verdict run (at a value still to choose); on the finished study, nothing is left."""
+    from modbench.study.plan import format_plan, plan_study, run_flops
+
+    spec = load_spec(write_spec(tmp_path))
+    fresh = plan_study(spec, tmp_path / "fresh")
+    assert [(s.name, s.runs, s.done, s.known) for s in fresh.stages] == [
+        ("tuning", 4, 0, True), ("tuned", 4, 0, False)]
+    # recipe.lr does not change a run's FLOPs: the tuned stage costs what the frozen one does
+    assert fresh.stages[0].flops == pytest.approx(
+        sum(run_flops(r.config) for _, r in tuning_runs(spec)))
+    assert fresh.stages[1].flops == pytest.approx(fresh.flops)
+    assert not fresh.stages[1].upper_bound
+    text = format_plan(fresh)
+    assert "then stage tuning" in text and "then stage tuned" in text
+    assert "all stages: 12 runs" in text
+    # train.steps does change them: the tuned stage is costed at the costliest value
+    steps = load_spec(write_spec(tmp_path, tuning={"key": "train.steps", "grid": [2, 4],
+                                                   "seeds": TUNING_SEEDS}))
+    bound = plan_study(steps, tmp_path / "steps").stages[1]
+    assert bound.upper_bound and "at most" in format_plan(plan_study(steps, tmp_path / "s2"))
+    done = plan_study(spec, study)
+    assert done.runs == done.done and [(s.runs, s.done, s.known) for s in done.stages] == [
+        (4, 4, True), (4, 4, True)]
+    assert "all stages: 0 runs" in format_plan(done)
+
+
+def test_status_shows_the_stages_with_their_values(study: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["study", "status", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert f"{study / TUNING_DIR}: 4 runs" in out and f"{study / TUNED_DIR}: 4 runs" in out
+    tuning = out.split(str(study / TUNING_DIR))[1].split(str(study / TUNED_DIR))[0]
+    assert tuning.count("recipe.lr=0.001") == 2 and tuning.count("recipe.lr=0.03") == 2

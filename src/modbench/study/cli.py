@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -163,10 +163,50 @@ def run(
 
 @study_app.command("status")
 def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> None:
-    """Show the progress of a study: every run and its state.
+    """Show the progress of a study: every run and its state (a tuned study's tuning and
+    tuned stages after the frozen study, each from its own folder).
 
     Example: modbench study status studies/builtin-cpu
     """
+    from modbench.report.tuning import TUNED_DIR, TUNING_DIR
+
+    _status_rows(folder)
+    key = _tuning_key(folder)
+    for stage in (TUNING_DIR, TUNED_DIR):
+        if (folder / stage / "index.sqlite").is_file():
+            typer.echo("")
+            _status_rows(folder / stage, key)
+
+
+def _tuning_key(folder: Path) -> str | None:
+    """The tuned config key of the study in ``folder`` (its ``spec.yaml``'s tuning block), or
+    None when it has none or cannot be read."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load((folder / "spec.yaml").read_text())
+        key = tree.get("tuning", {}).get("key")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
+def _run_value(run: Path, key: str) -> Any:
+    """``key`` (dotted, such as recipe.lr) in the run folder's config.yaml, or None."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load((run / "config.yaml").read_text())
+        for part in key.split("."):
+            node = node[part]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return node
+
+
+def _status_rows(folder: Path, key: str | None = None) -> None:
+    """One study folder's line of counts and a line per run (``key``: also each run's value
+    of that config key, for a tuned study's stages)."""
     from modbench.study.runner import group_rows, study_status
     from modbench.study.store import worker_gone
 
@@ -189,8 +229,9 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> N
             extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
         if r["state"] == "interrupted":
             extra = "its worker is gone; run `modbench study run` again to resume it"
+        value = f"{key}={_run_value(folder / 'runs' / r['key'], key)}  " if key else ""
         typer.echo(f"  {r['scale']:<{scale_w}}  {r['method']:<{method_w}}  s{r['seed']:<4} "
-                   f"{(r['status'] or r['state']):<10} {extra}".rstrip())
+                   f"{value}{(r['status'] or r['state']):<10} {extra}".rstrip())
 
 
 @study_app.command("report")

@@ -117,6 +117,24 @@ class JobPlan:
 
 
 @dataclass
+class StagePlan:
+    """A tuned study's later stage (``tuning:``; :mod:`modbench.study.tuning`): its folder, its
+    runs, those done, the FLOPs of the rest and what the stage is. ``known``: whether its runs
+    are fixed already (the tuning stage's always; the tuned stage's once the tuning stage has
+    chosen every value, else its FLOPs are those at the grid's costliest value)."""
+
+    name: str
+    folder: Path
+    runs: int
+    done: int
+    flops: float
+    what: str
+    known: bool = True
+    gpu_hours: float | None = None
+    upper_bound: bool = False  # flops (and GPU-hours) are an upper bound, not the estimate
+
+
+@dataclass
 class StudyPlan:
     spec: str
     folder: Path
@@ -129,6 +147,7 @@ class StudyPlan:
     settings: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     time_limited: bool = False  # its jobs requeue at a time limit: a time-outs column
+    stages: list[StagePlan] = field(default_factory=list)  # a tuned study's stages 1 and 2
 
     @property
     def flops(self) -> float:
@@ -177,7 +196,64 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                      time_limited=kind.time_limited)
     plan.settings = kind.settings(opts, Path(out), gpus, cpus, nproc, len(jobs))
     plan.warnings = kind.warnings(opts, [j.timeouts for j in jobs], gpus)
+    plan.stages = plan_stages(spec, Path(out), rate if gpus else None)
     return plan
+
+
+def plan_stages(spec: StudySpec, out: Path, rate: Throughput | None) -> list[StagePlan]:
+    """A tuned study's stages after the frozen one (none without a ``tuning`` block): the
+    tuning stage's runs, and the tuned stage's, which are known only once the tuning stage's
+    ``best.json`` is written (before that, one run per verdict run, costed at the grid value
+    whose run costs most: an upper bound where the key changes the FLOPs, such as
+    ``train.steps``; exact for ``recipe.lr``). ``rate``: GPU throughput, None on the CPU."""
+    import json
+
+    from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR
+    from modbench.study.spec import run_spec, tuning_grid
+    from modbench.study.tuning import tuned_runs, tuning_runs, with_value
+
+    t = spec.tuning
+    if t is None:
+        return []
+
+    def hours(flops: float) -> float | None:
+        return flops / rate.flops_per_s / 3600 if rate is not None else None
+
+    first = [r for _, r in tuning_runs(spec)]
+    done = _done_keys(out / TUNING_DIR)
+    todo = [r for r in first if r.key not in done]
+    flops = sum(run_flops(r.config) for r in todo)
+    grid = tuning_grid(t.key, t.grid)
+    seeds = ", ".join(str(x) for x in t.seeds)
+    stages = [StagePlan("tuning", out / TUNING_DIR, len(first), len(first) - len(todo), flops,
+                        f"every method and the baseline at each of the {len(grid)} values of "
+                        f"{t.key}, on tuning seed(s) {seeds}", gpu_hours=hours(flops))]
+    best_file = out / TUNING_DIR / BEST_FILE
+    best = None
+    if not todo and best_file.is_file():
+        try:
+            best = json.loads(best_file.read_text())
+            second = tuned_runs(spec, best)
+        except (ValueError, KeyError, TypeError):  # a damaged best.json: as if not chosen
+            best = None
+    if best is not None:
+        done = _done_keys(out / TUNED_DIR)
+        todo = [r for r in second if r.key not in done]
+        flops = sum(run_flops(r.config) for r in todo)
+        stages.append(StagePlan("tuned", out / TUNED_DIR, len(second), len(second) - len(todo),
+                                flops, f"every method at its best {t.key} (best.json), on "
+                                "the verdict seeds", gpu_hours=hours(flops)))
+        return stages
+    second = expand(spec)
+    variants = [with_value(spec, v) for v in grid]
+    costs = [[run_flops(run_spec(v, r.scale, r.method, r.seed).config) for v in variants]
+             for r in second]
+    flops = sum(max(c) for c in costs)
+    stages.append(StagePlan("tuned", out / TUNED_DIR, len(second), 0, flops,
+                            f"every method at its best {t.key}, chosen by the tuning stage, on "
+                            "the verdict seeds", known=False, gpu_hours=hours(flops),
+                            upper_bound=any(min(c) != max(c) for c in costs)))
+    return stages
 
 
 def _done_keys(folder: Path) -> set[str]:
@@ -251,5 +327,18 @@ def format_plan(plan: StudyPlan) -> str:
                  "validation passes;")
     lines.append("not counted: end-of-run evaluation (probes, harness tasks), start-up, "
                  "checkpoint writes, steps redone after a requeue")
+    for st in plan.stages:
+        left = st.runs - st.done
+        bound = "at most " if st.upper_bound else ""
+        gpu = (f" = {bound}{st.gpu_hours:,.1f} GPU-hours" if st.gpu_hours is not None else "")
+        lines.append(f"then stage {st.name} -> {st.folder}: {left} of {st.runs} runs to train"
+                     + (f" ({st.done} done)" if st.done else "")
+                     + f", {bound}{st.flops:.3e} FLOPs{gpu}: {st.what}")
+    if plan.stages:
+        flops = plan.flops + sum(st.flops for st in plan.stages)
+        runs = todo + sum(st.runs - st.done for st in plan.stages)
+        bound = any(st.upper_bound for st in plan.stages)
+        lines.append(f"all stages: {runs} runs, {'at most ' if bound else ''}{flops:.3e} "
+                     "FLOPs")
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
