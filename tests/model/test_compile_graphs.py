@@ -38,44 +38,57 @@ def check(method: str, checkpointing: bool) -> Any:
                         apply_checkpointing=apply_activation_checkpointing)
 
 
-def test_every_method_that_does_not_declare_breaks_is_one_graph() -> None:
-    """The whole registry, as ``modbench bench --compile-check`` runs it (issue 28's "Done
-    when": the baseline and at least 40 methods one graph, no break, with and without
-    checkpointing): every method without a declaration gives 1 graph, 0 breaks and 0
-    recompiles in each mode it can run (checkpointing refused only for a forward that updates
-    buffers), and at least 40 besides the baseline do so in both modes."""
+@pytest.fixture(scope="module")
+def plain_rows() -> dict[str, Any]:
+    """The whole registry without checkpointing, as ``modbench bench --compile-check`` runs
+    it, traced once for the tests below that read its rows (the checkpointing half of the
+    sweep is test_compile_graphs_checkpointing.py, a file of its own so that the two halves
+    run in parallel under ``-n 2 --dist loadfile``)."""
     from modbench.analysis.compile_check import run_compile_check
 
-    rows = run_compile_check(["baseline", *sorted(load_all())],
+    rows = run_compile_check(["baseline", *sorted(load_all())], modes=(False,),
                              apply_checkpointing=apply_activation_checkpointing, progress=False)
-    clean: dict[str, int] = {}
-    for row in rows:
+    return {row.method: row for row in rows}
+
+
+def test_every_method_that_does_not_declare_breaks_is_one_graph(
+        plain_rows: dict[str, Any]) -> None:
+    """The whole registry, as ``modbench bench --compile-check`` runs it (issue 28's "Done
+    when": the baseline and at least 40 methods one graph, no break, with and without
+    checkpointing), without checkpointing: every method without a declaration gives 1 graph,
+    0 breaks and 0 recompiles. With checkpointing (test_compile_graphs_checkpointing.py)
+    each of them gives the same or is refused for a forward that updates buffers, and at
+    least 40 besides the baseline are not refused: those are one graph in both modes."""
+    assert set(plain_rows) == {"baseline", *load_all()}
+    clean = set()
+    for row in plain_rows.values():
+        assert not row.checkpointing, row
         if row.expected:
             continue
-        if row.graphs is None:
-            assert row.checkpointing and "updates buffers" in row.note, row
-            continue
         assert (row.graphs, row.graph_breaks, row.recompiles, row.reasons) == (1, 0, 0, []), row
-        clean[row.method] = clean.get(row.method, 0) + 1
-    both = {m for m, n in clean.items() if n == 2}
-    assert "baseline" in both
-    assert len(both - {"baseline"}) >= 40, sorted(both)
-    assert set(BOTH_MODES) <= both
+        clean.add(row.method)
+    assert "baseline" in clean
+    assert len(clean - {"baseline"}) >= 40, sorted(clean)
+    assert set(BOTH_MODES) <= clean
 
 
 @pytest.mark.parametrize("method", NO_CHECKPOINTING)
-def test_one_graph_without_checkpointing(method: str) -> None:
-    row = check(method, False)
+def test_one_graph_without_checkpointing(method: str, plain_rows: dict[str, Any]) -> None:
+    # the sweep's row where the sweep traced this very method (powernorm), else its own
+    row = plain_rows[method] if method in plain_rows else check(method, False)
+    assert (row.method, row.checkpointing) == (method, False), row
     assert (row.graphs, row.graph_breaks, row.recompiles) == (1, 0, 0), row
     refused = check(method, True)
     assert refused.graphs is None and "updates buffers" in refused.note
 
 
-def test_declared_methods_do_break() -> None:
+def test_declared_methods_do_break(plain_rows: dict[str, Any]) -> None:
+    """Every method that declares breaks (``compile_graph_breaks``) breaks: read from the
+    sweep's rows, which are ``check(name, False)`` of each."""
     declared = sorted(n for n, cls in load_all().items() if cls.compile_graph_breaks)
     assert "moe" in declared  # the data-dependent dispatch sizes
     for name in declared:
-        row = check(name, False)
+        row = plain_rows[name]
         assert row.graph_breaks and row.graph_breaks > 0 and row.reasons, name
         assert row.expected.startswith(f"{name}: ")
 

@@ -1,0 +1,40 @@
+"""One compiled graph per method with activation checkpointing (issue 28, "One graph"): the
+checkpointing half of the registry sweep of test_compile_graphs.py (``modbench bench
+--compile-check``), in a file of its own so that the two halves of the sweep run in parallel
+under ``-n 2 --dist loadfile``. test_compile_graphs.py requires every method that does not
+declare breaks to be one graph without checkpointing; this file requires each of them to be
+one graph with checkpointing too, or to be refused for a forward that updates buffers, and at
+least 40 besides the baseline (and the methods of ``BOTH_MODES``) not to be refused: those are
+one graph, no break and no recompile in both modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from modbench.analysis.compile_check import run_compile_check
+from modbench.methods import load_all
+from modbench.train.recompute import apply_activation_checkpointing
+from tests.model.test_compile_graphs import BOTH_MODES, NO_CHECKPOINTING
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_method_that_does_not_declare_breaks_is_one_graph_with_checkpointing() -> None:
+    rows = run_compile_check(["baseline", *sorted(load_all())], modes=(True,),
+                             apply_checkpointing=apply_activation_checkpointing, progress=False)
+    assert {row.method for row in rows} == {"baseline", *load_all()}
+    clean, refused = set(), set()
+    for row in rows:
+        assert row.checkpointing, row
+        if row.expected:
+            continue
+        if row.graphs is None:
+            assert "updates buffers" in row.note, row
+            refused.add(row.method)
+            continue
+        assert (row.graphs, row.graph_breaks, row.recompiles, row.reasons) == (1, 0, 0, []), row
+        clean.add(row.method)
+    assert "baseline" in clean
+    assert len(clean - {"baseline"}) >= 40, sorted(clean)
+    assert set(BOTH_MODES) <= clean
+    assert {m.split("(")[0] for m in NO_CHECKPOINTING} <= refused
