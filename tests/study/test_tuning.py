@@ -15,7 +15,7 @@ import yaml
 from modbench.analysis.results import RunRow
 from modbench.cli import run_cli
 from modbench.errors import ModbenchError
-from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE, as_dict
+from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
 from modbench.study.results import load_results, load_rows, write_study_report
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
@@ -98,7 +98,7 @@ def test_best_value_is_the_argmin_of_the_tuning_runs(study: Path) -> None:
 def test_report_shows_both_verdicts(study: Path) -> None:
     text = (study / "report" / "report.md").read_text()
     assert "## Frozen versus tuned" in text
-    frozen = {(d := as_dict(r))["method"]: d["verdict"]
+    frozen = {r.method: r.to_dict()["verdict"]
               for r in load_results(study).comparisons["tiny"]}
     tuned = {r["method"]: r["verdict"] for r in json.loads(
         (study / TUNED_DIR / VERDICTS_FILE).read_text())["comparisons"]["tiny"]}

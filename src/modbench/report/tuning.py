@@ -46,12 +46,6 @@ def read_tuning(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any] | No
     return best, verdicts
 
 
-def as_dict(result: Any) -> dict[str, Any]:
-    """A comparison's result as a plain dict (a ``MethodResult``'s ``to_dict``, or already
-    one), the form ``verdicts.json`` keeps."""
-    return result if isinstance(result, dict) else dict(result.to_dict())
-
-
 def _value(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -130,8 +124,7 @@ def tuning_section(results: StudyResults, out: Path) -> list[Block]:
         blocks.append(Block("p", "The tuned stage has not finished: run `modbench study run` "
                                  "on this study again for the tuned verdicts."))
     for scale, per_method in best["scales"].items():
-        frozen_rows = {(d := as_dict(r))["method"]: d
-                       for r in results.comparisons.get(scale, [])}
+        frozen_rows = {r.method: r.to_dict() for r in results.comparisons.get(scale, [])}
         tuned_rows = {r["method"]: r for r in tuned.get(scale, [])}
         body, sentences = [], []
         b_best = per_method.get(base, {}).get("best")

@@ -37,12 +37,13 @@ from typing import Any
 from modbench.analysis.results import (
     RunRow,
     compare_scales,
+    comparisons_json,
     default_metric,
     higher_is_better,
     metric_table,
 )
 from modbench.fsutil import atomic_write_text
-from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE, as_dict
+from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
 from modbench.study.results import load_rows
 from modbench.study.spec import (
     RunSpec,
@@ -165,8 +166,7 @@ def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> 
     values = {scale: {r.method: config_value(r.config, spec.tuning.key) for r in runs
                       if r.scale == scale} for scale in spec.scales} if spec.tuning else {}
     return {"metric": metric, "seeds": seeds, "values": values,
-            "comparisons": {scale: [as_dict(r) for r in res]
-                            for scale, res in comparisons.items()}}
+            "comparisons": comparisons_json(comparisons)}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
