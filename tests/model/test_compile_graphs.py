@@ -46,8 +46,14 @@ def plain_rows() -> dict[str, Any]:
     run in parallel under ``-n 2 --dist loadfile``)."""
     from modbench.analysis.compile_check import run_compile_check
 
-    rows = run_compile_check(["baseline", *sorted(load_all())], modes=(False,),
-                             apply_checkpointing=apply_activation_checkpointing, progress=False)
+    threads = torch.get_num_threads()  # one thread, as the tests' one_thread fixture gives,
+    torch.set_num_threads(1)  # which a module fixture is set up before
+    try:
+        rows = run_compile_check(["baseline", *sorted(load_all())], modes=(False,),
+                                 apply_checkpointing=apply_activation_checkpointing,
+                                 progress=False)
+    finally:
+        torch.set_num_threads(threads)
     return {row.method: row for row in rows}
 
 
