@@ -201,3 +201,21 @@ def test_extrapolated_gain_follows_the_curves() -> None:
     assert an is not None
     g, (lo, hi) = an.extrapolated_gain("m", 1e9, 1e9)
     assert g == pytest.approx(0.1, abs=0.03) and lo <= g <= hi
+
+
+def test_a_method_that_trained_at_one_rung_is_not_labelled_the_baseline() -> None:
+    """A method whose seeds failed at every rung but the first (Post-LN on ladder-cpu) has no
+    fit and no trend: its fit-table row says so ("–"), not "(baseline)", and a note gives the
+    rungs it trained at."""
+    from modbench.report.scaling import _fit_table
+
+    laws = {"baseline": (2.0, 50.0, 0.3), "ok": (1.9, 50.0, 0.3), "fails": (2.1, 50.0, 0.3)}
+    points = [p for p in ladder_points(laws) if p.method != "fails" or p.scale == "rung0"]
+    an = analyse(points, "baseline", boot=10)
+    assert an is not None and an.methods["fails"].fit_n is None
+    table, notes = _fit_table(an)
+    rows = {r[0]: r for r in table.rows}
+    assert rows["`baseline`"][6] == "(baseline)" and rows["`ok`"][6] == "flat"
+    assert rows["`fails`"][6] == "–"
+    assert ("`fails`: no fit and no trend: its seeds trained at 1 of 5 rungs (at the others "
+            "every seed diverged or stalled; a fit needs 3, a trend 2)") in notes.items

@@ -113,7 +113,7 @@ def _fit_table(an: ScalingAnalysis) -> list[Block]:
             (_with_ci(f.E, ms.E_ci) if f and not f.fallback else "–"),
             _g(f.A) if f else "–",
             _with_ci(fc.alpha, ms.alpha_c_ci) if fc else "–",
-            ms.trend or "(baseline)",
+            "(baseline)" if m == an.baseline else ms.trend or "–",
             _with_ci(ms.slope, ms.slope_ci) if m != an.baseline else "–",
             _with_ci(ms.multiplier, ms.multiplier_ci) if m != an.baseline else "1",
         ])
@@ -127,6 +127,10 @@ def _fit_table(an: ScalingAnalysis) -> list[Block]:
     items = [f"`{m}`: {_TREND_WORDS[ms.trend]} (gain {_gains(ms)}; slope "
              f"{_with_ci(ms.slope, ms.slope_ci)} per decade of N)"
              for m, ms in an.methods.items() if ms.trend]
+    items += [f"`{m}`: no fit and no trend: its seeds trained at {len(ms.rungs)} of "
+              f"{len(an.scales)} rungs (at the others every seed diverged or stalled; a "
+              "fit needs 3, a trend 2)" for m, ms in an.methods.items()
+              if m != an.baseline and not ms.trend and ms.fit_n is None]
     if items:
         blocks.append(Block("ul", items=items + notes))
     elif notes:
