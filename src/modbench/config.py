@@ -619,8 +619,9 @@ def ladder_shape(top: ModelConfig, size: float) -> ModelConfig:
 @dataclass(frozen=True)
 class Ladder:
     """A family of ``rungs`` shapes ending at the preset ``top`` (the largest rung, trained as
-    that preset is), each about ``factor`` times smaller in non-embedding parameters than the
-    next (:func:`ladder_shape` at size ``factor ** -k``). Every rung trains on
+    that preset is; it may be a rung of a ladder listed before it in :data:`LADDERS`), each
+    about ``factor`` times smaller in non-embedding parameters than the next
+    (:func:`ladder_shape` at size ``factor ** -k``). Every rung trains on
     ``tokens_per_param`` tokens per non-embedding parameter (None: the top's own ratio),
     sequences of the top's length; its batch is the top's scaled with the compute
     ``C ~ N D ~ N^2`` as ``C^(1/3)`` (``batch (N'/N)^(2/3)`` to the nearest power of two, at
@@ -680,6 +681,10 @@ LADDERS: dict[str, Ladder] = {lad.name: lad for lad in [
     Ladder("cpu", "cpu-top", rungs=6, factor=2.1, min_batch=8,
            note="0.2M to 8M non-embedding parameters on the built-in corpus; ladder-cpu "
                 "trains the four smallest."),
+    Ladder("cpu-short", "cpu-ladder-3", rungs=4, factor=1.8, min_batch=8,
+           note="0.16M to 0.95M non-embedding parameters (3 to 6 layers), ending at the cpu "
+                "ladder's third rung: ladder-cpu's, a quarter of the cost of the cpu ladder's "
+                "four smallest rungs (which took about 75 minutes on 2 shared cores)."),
     Ladder("gpu", "climb-1.2b", rungs=4, factor=4.0, min_batch=32,
            note="About 17M to 1.08B non-embedding parameters ending at seed 002's 1.2B "
                 "shape, its tokens per parameter (about 21) at every rung."),
@@ -703,8 +708,8 @@ LADDER_PRESETS = [
                 "heads of 32 in groups of 2)."),
 ]
 PRESETS.update({p.name: p for p in LADDER_PRESETS})
-PRESETS.update({p.name: p for lad in LADDERS.values()
-                for p in ladder_presets(lad, PRESETS[lad.top])})
+for _lad in LADDERS.values():  # in order: a ladder may end at an earlier ladder's rung
+    PRESETS.update({p.name: p for p in ladder_presets(_lad, PRESETS[_lad.top])})
 
 _LADDER = re.compile(r"\s*ladder\s*\(\s*([A-Za-z0-9_.-]+)\s*(?:,\s*([0-9]+)\s*)?\)\s*")
 

@@ -3,6 +3,7 @@ in study specs (issue 31, item 1)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -80,6 +81,17 @@ def test_rungs_follow_the_rule(ladder: str) -> None:
 def test_the_presets_the_issue_asks_for() -> None:
     cpu = [non_embedding_params(PRESETS[n].model) for n in LADDERS["cpu"].rung_names()]
     assert 0.15e6 < cpu[0] < 0.25e6 and 7e6 < cpu[-1] < 10e6
+    # ladder-cpu's: four rungs ending at the cpu ladder's third (a ladder may end at another
+    # ladder's rung), each about 1.8 times the one before, the top's tokens per parameter
+    short = LADDERS["cpu-short"].rung_names()
+    assert short[-1] == "cpu-ladder-3" and PRESETS[short[-1]] is PRESETS["cpu-ladder-3"]
+    ns = [non_embedding_params(PRESETS[x].model) for x in short]
+    assert 0.12e6 < ns[0] < 0.2e6 and ns[-1] == cpu[2]
+    assert all(1.5 < b / a < 2.2 for a, b in itertools.pairwise(ns)), ns
+    for x, n in zip(short, ns, strict=True):
+        t = PRESETS[x].train
+        assert t["steps"] * t["batch_size"] * t["seq_len"] / n == pytest.approx(0.294, abs=0.01)
+    assert load_spec("ladder-cpu").scales == short
     gpu = LADDERS["gpu"].rung_names()
     assert gpu[-1] == "climb-1.2b"
     n = [non_embedding_params(PRESETS[x].model) for x in gpu]
@@ -134,7 +146,7 @@ def test_specs_take_a_ladder_or_a_list_with_ladders(tmp_path: Path) -> None:
 
 def test_builtin_ladder_specs() -> None:
     s = load_spec("ladder-cpu")
-    assert s.scales == LADDERS["cpu"].rung_names()[:4]
+    assert s.scales == LADDERS["cpu-short"].rung_names()
     assert len(s.methods) >= 4 and s.seeds.default == [0, 1, 2]
     g = load_spec("ladder-gpu")
     assert g.scales[-1] == "climb-1.2b" and len(g.scales) >= 3
