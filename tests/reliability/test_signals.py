@@ -37,7 +37,11 @@ pause_at, marker = os.environ["PAUSE_AT"], Path(os.environ["PAUSED"])
 
 def pause():
     marker.write_text("paused")
-    time.sleep(3600)
+    # short sleeps: a SIGINT the kernel hands to another thread (torch's) only sets Python's
+    # flag, which the main thread reads when its sleep ends; one long sleep then outlives the
+    # test (seen once under load), a real training step never sleeps that long
+    for _ in range(36000):
+        time.sleep(0.1)
 
 if pause_at == "first_checkpoint":
     real = os.replace
