@@ -14,7 +14,7 @@ import pytest
 from modbench.analysis.compile_check import run_compile_check
 from modbench.methods import load_all
 from modbench.train.recompute import apply_activation_checkpointing
-from tests.model.test_compile_graphs import BOTH_MODES, NO_CHECKPOINTING
+from tests.model.test_compile_graphs import NO_CHECKPOINTING, one_graph_methods
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,18 +23,5 @@ def test_every_method_that_does_not_declare_breaks_is_one_graph_with_checkpointi
     rows = run_compile_check(["baseline", *sorted(load_all())], modes=(True,),
                              apply_checkpointing=apply_activation_checkpointing, progress=False)
     assert {row.method for row in rows} == {"baseline", *load_all()}
-    clean, refused = set(), set()
-    for row in rows:
-        assert row.checkpointing, row
-        if row.expected:
-            continue
-        if row.graphs is None:
-            assert "updates buffers" in row.note, row
-            refused.add(row.method)
-            continue
-        assert (row.graphs, row.graph_breaks, row.recompiles, row.reasons) == (1, 0, 0, []), row
-        clean.add(row.method)
-    assert "baseline" in clean
-    assert len(clean - {"baseline"}) >= 40, sorted(clean)
-    assert set(BOTH_MODES) <= clean
+    _, refused = one_graph_methods(rows, checkpointing=True)
     assert {m.split("(")[0] for m in NO_CHECKPOINTING} <= refused
