@@ -209,7 +209,7 @@ def plan_stages(spec: StudySpec, out: Path, rate: Throughput | None) -> list[Sta
     import json
 
     from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR
-    from modbench.study.spec import run_spec, tuning_grid
+    from modbench.study.spec import RunSpec, run_spec, tuning_grid
     from modbench.study.tuning import tuned_runs, tuning_runs, with_value
 
     t = spec.tuning
@@ -219,10 +219,14 @@ def plan_stages(spec: StudySpec, out: Path, rate: Throughput | None) -> list[Sta
     def hours(flops: float) -> float | None:
         return flops / rate.flops_per_s / 3600 if rate is not None else None
 
+    def left(runs: list[RunSpec], folder: Path) -> tuple[list[RunSpec], float]:
+        """The runs ``folder``'s index has not done, and their FLOPs."""
+        done = _done_keys(folder)
+        todo = [r for r in runs if r.key not in done]
+        return todo, sum(run_flops(r.config) for r in todo)
+
     first = [r for _, r in tuning_runs(spec)]
-    done = _done_keys(out / TUNING_DIR)
-    todo = [r for r in first if r.key not in done]
-    flops = sum(run_flops(r.config) for r in todo)
+    todo, flops = left(first, out / TUNING_DIR)
     grid = tuning_grid(t.key, t.grid)
     seeds = ", ".join(str(x) for x in t.seeds)
     stages = [StagePlan("tuning", out / TUNING_DIR, len(first), len(first) - len(todo), flops,
@@ -237,9 +241,7 @@ def plan_stages(spec: StudySpec, out: Path, rate: Throughput | None) -> list[Sta
         except (ValueError, KeyError, TypeError):  # a damaged best.json: as if not chosen
             best = None
     if best is not None:
-        done = _done_keys(out / TUNED_DIR)
-        todo = [r for r in second if r.key not in done]
-        flops = sum(run_flops(r.config) for r in todo)
+        todo, flops = left(second, out / TUNED_DIR)
         stages.append(StagePlan("tuned", out / TUNED_DIR, len(second), len(second) - len(todo),
                                 flops, f"every method at its best {t.key} (best.json), on "
                                 "the verdict seeds", gpu_hours=hours(flops)))
