@@ -5,10 +5,7 @@ reader, and nothing truncated, extended or followed."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,19 +13,24 @@ from typing import Any
 import pytest
 import torch
 
+from modbench.cli import run_cli
+
+# the readers run in process (run_cli: what `python -m modbench` runs, its exit code and its
+# stderr), one torch thread as the child processes had (restored after each test)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TRAIN = ["train", "--preset", "tiny", "--steps", "6", "--checkpoint-every", "3", "--set",
          "train.threads=1", "--set", "train.eval_every=0", "--no-progress"]
 
 
-def _modbench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "modbench", *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def _one_line(r: subprocess.CompletedProcess[str]) -> str:
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``modbench *args`` must exit 2 with exactly one line on stderr, no traceback."""
+    capsys.readouterr()
+    code = run_cli(list(args))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert "delete" not in lines[0]
     return lines[0]
 
@@ -36,8 +38,11 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("ckpt") / "R"
-    r = _modbench(*TRAIN, "--out", str(run))
-    assert r.returncode == 0, r.stderr
+    threads = torch.get_num_threads()
+    try:
+        assert run_cli([*TRAIN, "--out", str(run)]) == 0
+    finally:
+        torch.set_num_threads(threads)
     return run
 
 
@@ -63,39 +68,43 @@ BAD: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 @pytest.mark.parametrize("case", sorted(BAD))
 @pytest.mark.parametrize("reader", ["eval", "resume", "export"])
 def test_bad_checkpoint_is_one_line_everywhere(trained: Path, tmp_path: Path, case: str,
-                                               reader: str) -> None:
+                                               reader: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     change, expected = BAD[case]
     run = _copy(trained, tmp_path, change)
     metrics = (run / "metrics.jsonl").read_bytes()
     args = {"eval": ["eval", str(run), "--no-progress"],
             "resume": [*TRAIN, "--out", str(run), "--resume"],
             "export": ["export", str(run), "--hf", str(tmp_path / "hf")]}[reader]
-    line = _one_line(_modbench(*args))
+    line = _one_line(capsys, *args)
     assert expected in line
     assert (run / "metrics.jsonl").read_bytes() == metrics
     assert not (run / "eval.json").exists() and not (tmp_path / "hf").exists()
 
 
-def test_huge_offset_does_not_extend_the_log(trained: Path, tmp_path: Path) -> None:
+def test_huge_offset_does_not_extend_the_log(trained: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(trained, tmp_path, lambda s: s.update(metrics_offset=5_000_000_000))
     before = (run / "metrics.jsonl").read_bytes()
-    line = _one_line(_modbench(*TRAIN, "--out", str(run), "--resume"))
+    line = _one_line(capsys, *TRAIN, "--out", str(run), "--resume")
     assert "was cut or replaced" in line
     assert (run / "metrics.jsonl").read_bytes() == before
 
 
-def test_missing_training_keys_refused_on_resume(trained: Path, tmp_path: Path) -> None:
+def test_missing_training_keys_refused_on_resume(trained: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(trained, tmp_path, lambda s: s.pop("optimizer"))
-    assert "no optimizer" in _one_line(_modbench(*TRAIN, "--out", str(run), "--resume"))
+    assert "no optimizer" in _one_line(capsys, *TRAIN, "--out", str(run), "--resume")
 
 
-def test_symlinked_metrics_not_followed_on_resume(trained: Path, tmp_path: Path) -> None:
+def test_symlinked_metrics_not_followed_on_resume(trained: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(trained, tmp_path, None)
     target = tmp_path / "elsewhere.jsonl"
     target.write_bytes((run / "metrics.jsonl").read_bytes() + b"precious\n" * 100)
     (run / "metrics.jsonl").unlink()
     (run / "metrics.jsonl").symlink_to(target)
     before = target.read_bytes()
-    line = _one_line(_modbench(*TRAIN, "--out", str(run), "--resume"))
+    line = _one_line(capsys, *TRAIN, "--out", str(run), "--resume")
     assert "symbolic link" in line
     assert target.read_bytes() == before
