@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from modbench.cli import run_cli
+
 SPEC = {"name": "damage", "methods": ["qknorm"], "scales": ["tiny"],
         "seeds": {"default": [0], "noise_floor": [0]},
         "overrides": ["train.steps=2", "train.eval_every=0", "train.threads=1"],
@@ -41,6 +43,15 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "pristine"
 
 
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``modbench *args`` in process (run_cli, what `python -m modbench` runs): its exit code,
+    stdout and stderr. The study itself runs in a child process (the fixture)."""
+    capsys.readouterr()
+    code = run_cli(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def _damage(index: Path, how: str) -> None:
     for side in ("-wal", "-shm"):
         index.with_name(index.name + side).unlink(missing_ok=True)
@@ -54,7 +65,8 @@ def _damage(index: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["zero", "half", "garbled"])
-def test_damaged_index_rebuilt_and_report_unchanged(study: Path, how: str) -> None:
+def test_damaged_index_rebuilt_and_report_unchanged(study: Path, how: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     s = study.parent / "s"  # where the study ran and wrote its report
     shutil.rmtree(s, ignore_errors=True)  # what an earlier damage mode left
     shutil.copytree(study, s)
@@ -62,26 +74,27 @@ def test_damaged_index_rebuilt_and_report_unchanged(study: Path, how: str) -> No
     with sqlite3.connect(s / "index.sqlite") as db:  # fold the WAL into the file first
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     _damage(s / "index.sqlite", how)
-    r = _modbench("study", "status", str(s))
-    assert r.returncode == 0, r.stderr
-    notice = [line for line in r.stderr.splitlines() if "rebuilt from" in line]
-    assert len(notice) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "2 runs — 2 completed" in r.stdout, r.stdout
+    code, out, err = _cli(capsys, "study", "status", str(s))
+    assert code == 0, err
+    notice = [line for line in err.splitlines() if "rebuilt from" in line]
+    assert len(notice) == 1 and "Traceback" not in err, err
+    assert "2 runs — 2 completed" in out, out
     assert list(s.glob("index.sqlite.damaged-*"))  # kept aside, not deleted
-    r = _modbench("study", "report", str(s))
-    assert r.returncode == 0, r.stderr
-    assert "rebuilt" not in r.stderr  # rebuilt once
+    code, out, err = _cli(capsys, "study", "report", str(s))
+    assert code == 0, err
+    assert "rebuilt" not in err  # rebuilt once
     after = {n: (s / "report" / n).read_text() for n in ("report.md", "results.csv")}
     assert after == before
 
 
-def test_report_with_fewer_finished_runs_is_refused(study: Path, tmp_path: Path) -> None:
+def test_report_with_fewer_finished_runs_is_refused(study: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     s = tmp_path / "s"
     shutil.copytree(study, s)
     before = (s / "report" / "report.md").read_text()
     with sqlite3.connect(s / "index.sqlite") as db:  # a valid index that lost its rows
         db.execute("DELETE FROM runs")
-    r = _modbench("study", "report", str(s))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "report was kept" in r.stderr
+    code, _, err = _cli(capsys, "study", "report", str(s))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "report was kept" in err
     assert (s / "report" / "report.md").read_text() == before
