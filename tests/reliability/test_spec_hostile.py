@@ -4,15 +4,13 @@ anything is written; a study refused at its start leaves no folder behind."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.study.spec import load_spec
 
@@ -81,23 +79,32 @@ def test_plain_aliases_still_work(tmp_path: Path) -> None:
     assert load_spec(path).scales == ["tiny"]
 
 
-def _study(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "modbench", "study", "run", *args,
-                           "--no-progress", "--no-report", "--workers", "1"], cwd=cwd,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+@pytest.fixture
+def study(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+          capsys: pytest.CaptureFixture[str]) -> Any:
+    """``study(args)``: ``modbench study run *args`` in process (run_cli, what `python -m
+    modbench` runs) from ``tmp_path`` as the working folder: its exit code and stderr."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(args: list[str]) -> tuple[int, str]:
+        capsys.readouterr()
+        code = run_cli(["study", "run", *args, "--no-progress", "--no-report", "--workers",
+                        "1"])
+        return code, capsys.readouterr().err
+
+    return run
 
 
-def test_refused_study_leaves_nothing(tmp_path: Path) -> None:
+def test_refused_study_leaves_nothing(tmp_path: Path, study: Any) -> None:
     spec = _spec(tmp_path, data={"source": str(tmp_path / "no-such-data")})
-    r = _study([str(spec), "--out", str(tmp_path / "s")], tmp_path)
-    assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    code, err = study([str(spec), "--out", str(tmp_path / "s")])
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "s").exists()  # no index.sqlite, runs/, spec.yaml
 
 
-def test_name_outside_studies_refused_without_out(tmp_path: Path) -> None:
+def test_name_outside_studies_refused_without_out(tmp_path: Path, study: Any) -> None:
     spec = _spec(tmp_path, name="../escaped")
-    r = _study([str(spec)], tmp_path)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    code, err = study([str(spec)])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "studies").exists()
