@@ -6,14 +6,12 @@ code runs. Tiny local task files, no network."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.eval.harness import check_task_files, read_task_yaml
 from modbench.study.spec import load_spec
@@ -85,17 +83,18 @@ def test_task_file_alias_bomb_refused(tmp_path: Path) -> None:
         check_task_files([str(d / "mytask.yaml")], trust=False)
 
 
-def test_modbench_eval_refuses_task_code_in_one_line(tmp_path: Path) -> None:
+def test_modbench_eval_refuses_task_code_in_one_line(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     d = _folder(tmp_path, {**CASES["function-through-include"], "evilmod.py": EVIL})
     run = tmp_path / "run"  # enough of a run folder to reach the task check
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("preset: tiny\n")
     (run / "checkpoints" / "last.pt").write_bytes(b"")
-    r = subprocess.run([sys.executable, "-m", "modbench", "eval", str(run), "--tasks",
-                        str(d / "mytask.yaml"), "--no-progress"], capture_output=True,
-                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "--trust-task-code" in r.stderr
+    capsys.readouterr()  # in process: run_cli is what `python -m modbench` runs
+    code = run_cli(["eval", str(run), "--tasks", str(d / "mytask.yaml"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "--trust-task-code" in err
     assert not (tmp_path / "ran").exists() and not (run / "eval.json").exists()
 
 
