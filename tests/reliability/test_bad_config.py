@@ -17,6 +17,7 @@ import json
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import yaml
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tests.helpers import cli_built_once  # noqa: E402
 from tests.reliability.conftest import long_points, long_variant  # noqa: E402
 
 from modbench.cli import run_cli  # noqa: E402
@@ -237,6 +239,14 @@ def config_trees(draw: Any) -> Any:
 
 
 # ----------------------------------------------------------------------- the property
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_built_once() -> Iterator[None]:
+    """The CLI's typer command built once for the ~400 cases, each run on a fresh copy."""
+    with cli_built_once():
+        yield
+
 
 def outcome(argv: list[str], out: Path, kind: str = "case") -> tuple[int, str]:
     """Run the command in process; check the contract; return (code, stderr)."""
