@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from modbench.cli import run_cli
 from modbench.runtime.checkpoint import checkpoint_step
 from modbench.runtime.runfolder import CHECKPOINT, METRICS, SUMMARY
 
@@ -106,12 +108,15 @@ def _interrupted_train(tmp_path: Path, pause_at: str,
 
 
 def _resume(line: str, run: Path) -> None:
-    """Run the command the line names (as `python -m modbench`), to the end."""
+    """Run the command the line names to the end, in process (run_cli: what `python -m
+    modbench` runs; the run's train.threads=1 sets one torch thread, restored after)."""
     command = line.split("with: ", 1)[1].split()
     assert command[:2] == ["modbench", "train"]
-    done = subprocess.run([sys.executable, "-m", "modbench", *command[1:], "--no-progress"],
-                          capture_output=True, text=True, env=_env(), timeout=600)
-    assert done.returncode == 0, done.stderr
+    threads = torch.get_num_threads()
+    try:
+        assert run_cli([*command[1:], "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     assert json.loads((run / SUMMARY).read_text())["steps"] == STEPS
     records = [json.loads(x) for x in (run / METRICS).read_text().splitlines()]
     assert [r["step"] for r in records if r.get("kind") == "train"] == list(range(1, STEPS + 1))
