@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.runtime.lock import LOCK_NAME, FolderLock, holder_of, lock_path
 
@@ -46,7 +48,8 @@ def _holder_pid(run: Path) -> object:
     return (holder_of(run / LOCK_NAME) or {}).get("pid")
 
 
-def test_two_resumes_one_run_exactly_its_steps(tmp_path: Path) -> None:
+def test_two_resumes_one_run_exactly_its_steps(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "R"
     # a first writer, killed after its first checkpoint: its lock file stays, naming it
     first = _modbench(*TRAIN, "--out", str(run))
@@ -59,11 +62,14 @@ def test_two_resumes_one_run_exactly_its_steps(tmp_path: Path) -> None:
     try:
         _wait(lambda: _holder_pid(run) == second.pid, "the resume's lock", second)
         os.kill(second.pid, signal.SIGSTOP)  # it holds the folder while the third tries
-        third = _modbench(*TRAIN, "--out", str(run), "--resume")
-        _, err = third.communicate(timeout=300)
+        # the third in process (run_cli, what `python -m modbench` runs): refused before
+        # it trains, by the lock another process holds
+        capsys.readouterr()
+        code = run_cli([*TRAIN[2:], "--out", str(run), "--resume"])
+        err = capsys.readouterr().err
     finally:
         os.kill(second.pid, signal.SIGCONT)
-    assert third.returncode == 2, err
+    assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert f"PID {second.pid}" in lines[0] and socket.gethostname() in lines[0]
@@ -129,8 +135,11 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 
 def test_eval_refuses_a_run_folder_in_use(tmp_path: Path) -> None:
     run = tmp_path / "R"
-    trained = _modbench(*TRAIN[:6], "4", *TRAIN[7:], "--out", str(run))
-    assert trained.wait(600) == 0
+    threads = torch.get_num_threads()
+    try:  # trained in process; the refused eval is another process
+        assert run_cli([*TRAIN[2:6], "4", *TRAIN[7:], "--out", str(run)]) == 0
+    finally:
+        torch.set_num_threads(threads)
     with FolderLock(run, "modbench train"):
         ev = _modbench("-m", "modbench", "eval", str(run), "--no-progress")
         _, err = ev.communicate(timeout=300)
