@@ -81,8 +81,8 @@ GPU = {"plan_presets": ["llama-60m", "llama-350m", "climb-1.2b"],
                                              "tests/train/test_distributed.py::"
                                              "test_two_gpus_train_like_one"]}
 DRY = {"plan_presets": ["tiny"], "plan_methods": ["baseline"],
-       "plan_steps": 2, "climb_preset": "tiny", "climb_steps": 4, "climb_batch": 8,
-       "bench_preset": "tiny", "graph_preset": "tiny", "graph_rows": 2,
+       "plan_steps": 2, "climb_preset": "tiny", "climb_steps": 4, "climb_batch": 2,
+       "bench_preset": "tiny", "graph_preset": "tiny", "graph_rows": 1,
        "fsdp_preset": "tiny", "tests": ["tests/test_cuda.py"]}
 
 
