@@ -79,6 +79,26 @@ def test_the_entry_point_answers_help_without_torch() -> None:
     assert "modbench.cli" in imported  # the import log was read
 
 
+def test_commands_that_train_nothing_leave_the_compiler_unloaded(tmp_path: Path) -> None:
+    """Loading every method (a spec's validation, a dry run) does not import torch._dynamo,
+    ~2 s of start-up (soft-cap's FlexAttention helpers load it on CUDA only). A training
+    process loads it anyway (torch's optimizers do)."""
+    child = (
+        "import sys\n"
+        "from modbench.methods import load_all\n"
+        "from modbench.cli import run_cli\n"
+        "load_all()\n"
+        "assert 'torch._dynamo' not in sys.modules, 'load_all'\n"
+        f"code = run_cli(['study', 'run', 'smoke-tiny', '--out', {str(tmp_path / 's')!r}, "
+        "'--dry-run'])\n"
+        "assert code == 0, code\n"
+        "assert 'torch._dynamo' not in sys.modules, 'study run --dry-run'\n"
+    )
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120, check=False, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------- listings
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -43,11 +44,20 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError
-from modbench.methods._flex import flex_causal_attention, flex_usable
 from modbench.methods.base import Method, option_choice, register
 from modbench.model.attention import ExplicitKernel, SDPAKernel
 from modbench.model.spec import ModelSpec
 from modbench.model.stream import ForwardContext
+
+
+def _flex() -> ModuleType:
+    """The FlexAttention helpers, imported on first use: their ``torch.compiler.disable``
+    imports ``torch._dynamo`` (about 2 s of start-up), which a CPU process never needs. A
+    kernel built where CUDA is available imports them at construction, eagerly, so that a
+    compiled model's trace finds the module already loaded."""
+    from modbench.methods import _flex as flex
+
+    return flex
 
 
 def soft_cap(s: torch.Tensor, cap: float) -> torch.Tensor:
@@ -67,6 +77,8 @@ class _CapKernel(ExplicitKernel):
     def __init__(self, cap: float) -> None:
         super().__init__()
         self.cap = cap
+        if torch.cuda.is_available():
+            _flex()
 
     @staticmethod
     def cap_fn(s: torch.Tensor, cap: float) -> torch.Tensor:
@@ -83,13 +95,13 @@ class _CapKernel(ExplicitKernel):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        if flex_usable(q):
+        if q.is_cuda and _flex().flex_usable(q):
             cap, fn = self.cap, self.cap_fn
 
             def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
                 return fn(s, cap)
 
-            return flex_causal_attention(q, k, v, score_mod)
+            return _flex().flex_causal_attention(q, k, v, score_mod)
         fast = self.shortcut(q, k, v, ctx)
         return fast if fast is not None else super().forward(q, k, v, ctx)
 
