@@ -62,31 +62,35 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def local_tasks_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The harness's task managers index only the local task folders: indexing lm_eval's
-    thousands of built-in task files takes ~10-25 s a manager here, and these tests run only
-    the two tasks they write (run_tasks gives its manager their folder)."""
-    import functools
-
+def managers(monkeypatch: pytest.MonkeyPatch) -> list[dict]:  # type: ignore[type-arg]
+    """The keyword arguments of every lm_eval task manager made while the test runs."""
     import lm_eval.tasks
 
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(
-        lm_eval.tasks.TaskManager, include_defaults=False))
+    made: list[dict] = []  # type: ignore[type-arg]
+    real = lm_eval.tasks.TaskManager
+
+    def spy(*args: object, **kwargs: object) -> object:
+        made.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", spy)
+    return made
 
 
 def loglikelihoods(res: dict) -> list[float]:  # type: ignore[type-arg]
     return [s["resps"][0][0][0] for s in res["samples"]["mbtest_cloze"]]
 
 
-def test_in_process_and_exported_agree(run_dir: Path, tmp_path: Path,
-                                       local_tasks_only: None) -> None:
+def test_in_process_and_exported_agree(run_dir: Path, tmp_path: Path) -> None:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     files = write_tasks(tmp_path / "tasks")
     cfg, model, _ = load_run(run_dir)
     lm = make_adapter(model, open_data(cfg, progress=False).tokenizer(), batch_size=3)
-    manager = TaskManager(include_path=[str(tmp_path / "tasks")])  # local_tasks_only
+    # the local folder alone: indexing lm_eval's thousands of built-in task files takes
+    # 10-25 s a manager here
+    manager = TaskManager(include_path=[str(tmp_path / "tasks")], include_defaults=False)
     kw = dict(tasks=["mbtest_mc", "mbtest_cloze"], task_manager=manager, log_samples=True,
               bootstrap_iters=0)
     ours = lm_eval.simple_evaluate(model=lm, **kw)
@@ -103,11 +107,15 @@ def test_in_process_and_exported_agree(run_dir: Path, tmp_path: Path,
     assert summary["mbtest_mc"]["n"] == len(MC) and len(summary["mbtest_cloze"]["items"]) == 3
 
 
-def test_cli_eval_tasks_and_suites(run_dir: Path, tmp_path: Path, local_tasks_only: None,
+def test_cli_eval_tasks_and_suites(run_dir: Path, tmp_path: Path,
+                                   managers: list[dict],  # type: ignore[type-arg]
                                    capsys: pytest.CaptureFixture[str]) -> None:
     files = write_tasks(tmp_path / "tasks")
     assert run_cli(["eval", str(run_dir), "--tasks", files[0], "--tasks", files[1],
                     "--no-progress"]) == 0
+    # local task files only: the manager indexes their folder, not the built-in tasks
+    assert managers == [{"include_path": [str((tmp_path / "tasks").resolve())],
+                         "include_defaults": False}]
     ev = json.loads((run_dir / "eval.json").read_text())
     assert {"mbtest_mc", "mbtest_cloze"} <= set(ev["tasks"])
     assert ev["tasks"]["mbtest_mc"]["n"] == len(MC)

@@ -328,7 +328,9 @@ def run_tasks(lm: Any, names: list[str], *, limit: int | None = None,
     tasks, files = expand_tasks(names)
     check_task_files(files, _TRUST_TASK_CODE.get() if trust_code is None else trust_code)
     include = sorted({str(Path(f).resolve().parent) for f in files})
-    manager = TaskManager(include_path=include or None)
+    # only local files named: index their folders alone, not the harness's thousands of
+    # built-in task files (10-25 s a manager on the 2-core machine, 2026-11-26)
+    manager = TaskManager(include_path=include or None, include_defaults=bool(tasks) or not files)
     for f in files:
         spec = read_task_yaml(Path(f))
         if not isinstance(spec, dict) or "task" not in spec:
