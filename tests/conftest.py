@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import torch_threads
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``-n 2``), the cores shared among the workers: each worker's torch
@@ -50,7 +52,5 @@ def one_thread() -> Iterator[None]:
     """One torch thread for the test: tiny models run many small ops, and one thread is many
     times faster than two on a shared 2-core machine. Use with
     ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield

@@ -81,3 +81,27 @@ def cli_built_once() -> Iterator[None]:
         yield
     finally:
         typer.main.get_command = real
+
+
+def cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """``modbench *argv`` in process (``run_cli``: what ``python -m modbench`` runs): its exit
+    code and this call's own stdout and stderr (whatever was captured before is dropped)."""
+    from modbench.cli import run_cli
+
+    capsys.readouterr()
+    code = run_cli(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None = None) -> Iterator[None]:
+    """Torch's thread count as it was, given back on leaving: a run in process sets its own
+    (``train.threads``), which would otherwise outlive it. ``n`` sets it for the block."""
+    threads = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

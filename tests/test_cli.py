@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from modbench.cli import run_cli
 from modbench.data import builtin_dataset
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = run_cli(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.helpers import cli
 
 
 def test_train_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ import yaml
 from modbench.analysis import power as P
 from modbench.analysis import stats as S
 from modbench.errors import ModbenchError
+from tests.helpers import cli
 
 from . import verdict_sim as V
 
@@ -129,17 +130,9 @@ def test_cpu_rate_is_the_builtin_studys() -> None:
     assert flops / (581.0 * 2) == pytest.approx(P.CPU_FLOPS_PER_S, rel=1e-3)
 
 
-def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from modbench.cli import run_cli
-
-    code = run_cli(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_cli_prints_seeds_and_cpu_time(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _cli(["study", "plan", "builtin-cpu", "--effect", "2σ", "--sigma", "0.01"],
-                        capsys)
+    code, out, _ = cli(capsys, "study", "plan", "builtin-cpu", "--effect", "2σ", "--sigma",
+                       "0.01")
     assert code == 0
     plan = P.plan_seeds(2.0, 5)
     c = plan.chosen
@@ -147,7 +140,7 @@ def test_cli_prints_seeds_and_cpu_time(capsys: pytest.CaptureFixture[str]) -> No
     assert f"seeds: {c.n} per method and {c.n_b} for the baseline" in out
     assert "2σ = 0.02 (σ = 0.01)" in out
     assert "CPU time:" in out and "core-hours" in out and "GPU-hours" in out
-    code, out, _ = _cli(["study", "plan", "builtin-cpu", "--effect", "3sigma", "--json"], capsys)
+    code, out, _ = cli(capsys, "study", "plan", "builtin-cpu", "--effect", "3sigma", "--json")
     d = json.loads(out)
     assert code == 0 and d["m"] == 5 and d["scales"] == ["cpu-deep"] and d["sigma"] is None
     row3 = next(r for r in d["rows"] if r["n"] == 3)
@@ -165,7 +158,7 @@ def test_cli_prints_seeds_and_cpu_time(capsys: pytest.CaptureFixture[str]) -> No
 ])
 def test_cli_refuses_in_one_line(args: list[str], says: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(["study", "plan", "builtin-cpu", *args], capsys)
+    code, out, err = cli(capsys, "study", "plan", "builtin-cpu", *args)
     assert code == 2 and says in err and err.count("\n") == 1 and not out
 
 
@@ -189,8 +182,8 @@ def test_cli_reads_the_floor_of_a_study(tmp_path: Path,
             store.register(key, scale, method, seed)
             assert store.claim(key)
             store.finish(key, {"status": "completed", "final_val_loss": v}, None)
-    code, out, err = _cli(["study", "plan", "builtin-cpu", "--effect", "0.2", "--from",
-                           str(tmp_path), "--json"], capsys)
+    code, out, err = cli(capsys, "study", "plan", "builtin-cpu", "--effect", "0.2", "--from",
+                         str(tmp_path), "--json")
     assert code == 0, err
     d = json.loads(out)
     assert d["sigma"] == pytest.approx(0.1) and d["effect_sigma"] == pytest.approx(2.0)
@@ -198,6 +191,6 @@ def test_cli_reads_the_floor_of_a_study(tmp_path: Path,
     empty = tmp_path / "empty"
     empty.mkdir()
     Store(empty)
-    code, _, err = _cli(["study", "plan", "builtin-cpu", "--effect", "2σ", "--from",
-                         str(empty)], capsys)
+    code, _, err = cli(capsys, "study", "plan", "builtin-cpu", "--effect", "2σ", "--from",
+                       str(empty))
     assert code == 2 and "no finished run of its baseline" in err

@@ -24,6 +24,7 @@ from modbench.methods._common import set_step
 from modbench.methods.build import build_model
 from modbench.model import attention
 from modbench.train.recompute import apply_activation_checkpointing
+from tests.helpers import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,14 +48,11 @@ def plain_rows() -> dict[str, Any]:
     run in parallel under ``-n 2 --dist loadfile``)."""
     from modbench.analysis.compile_check import run_compile_check
 
-    threads = torch.get_num_threads()  # one thread, as the tests' one_thread fixture gives,
-    torch.set_num_threads(1)  # which a module fixture is set up before
-    try:
+    # one thread, as the tests' one_thread fixture gives, which a module fixture is set up before
+    with torch_threads(1):
         rows = run_compile_check(["baseline", *sorted(load_all())], modes=(False,),
                                  apply_checkpointing=apply_activation_checkpointing,
                                  progress=False)
-    finally:
-        torch.set_num_threads(threads)
     return {row.method: row for row in rows}
 
 

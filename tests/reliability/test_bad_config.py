@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from tests.helpers import cli_built_once  # noqa: E402
+from tests.helpers import cli_built_once, torch_threads  # noqa: E402
 from tests.reliability.conftest import long_points, long_variant  # noqa: E402
 
 from modbench.cli import run_cli  # noqa: E402
@@ -251,12 +250,8 @@ def _cli_built_once() -> Iterator[None]:
 def outcome(argv: list[str], out: Path, kind: str = "case") -> tuple[int, str]:
     """Run the command in process; check the contract; return (code, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    threads = torch.get_num_threads()
-    try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = run_cli(argv)
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = run_cli(argv)
     err = stderr.getvalue()
     assert "Traceback" not in err + stdout.getvalue(), err
     assert code in (0, 2, 3), (code, err)  # 3: the run diverged (checked below)

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from tests.helpers import cli, torch_threads
 
 from modbench.cli import run_cli
 
-# the readers run in process (run_cli: what `python -m modbench` runs, its exit code and its
-# stderr), one torch thread as the child processes had (restored after each test)
+# the readers run in process (tests.helpers.cli: what `python -m modbench` runs, its exit code
+# and its stderr), one torch thread as the child processes had (restored after each test)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TRAIN = ["train", "--preset", "tiny", "--steps", "6", "--checkpoint-every", "3", "--set",
@@ -25,9 +26,7 @@ TRAIN = ["train", "--preset", "tiny", "--steps", "6", "--checkpoint-every", "3",
 
 def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     """``modbench *args`` must exit 2 with exactly one line on stderr, no traceback."""
-    capsys.readouterr()
-    code = run_cli(list(args))
-    err = capsys.readouterr().err
+    code, _, err = cli(capsys, *args)
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -38,11 +37,8 @@ def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("ckpt") / "R"
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         assert run_cli([*TRAIN, "--out", str(run)]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return run
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from tests.helpers import cli, torch_threads
 
 from modbench.cli import run_cli
 from modbench.errors import ModbenchError
@@ -62,11 +62,9 @@ def test_two_resumes_one_run_exactly_its_steps(tmp_path: Path,
     try:
         _wait(lambda: _holder_pid(run) == second.pid, "the resume's lock", second)
         os.kill(second.pid, signal.SIGSTOP)  # it holds the folder while the third tries
-        # the third in process (run_cli, what `python -m modbench` runs): refused before
-        # it trains, by the lock another process holds
-        capsys.readouterr()
-        code = run_cli([*TRAIN[2:], "--out", str(run), "--resume"])
-        err = capsys.readouterr().err
+        # the third in process (tests.helpers.cli, what `python -m modbench` runs): refused
+        # before it trains, by the lock another process holds
+        code, _, err = cli(capsys, *TRAIN[2:], "--out", str(run), "--resume")
     finally:
         os.kill(second.pid, signal.SIGCONT)
     assert code == 2, err
@@ -135,11 +133,8 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 
 def test_eval_refuses_a_run_folder_in_use(tmp_path: Path) -> None:
     run = tmp_path / "R"
-    threads = torch.get_num_threads()
-    try:  # trained in process; the refused eval is another process
+    with torch_threads():  # trained in process; the refused eval is another process
         assert run_cli([*TRAIN[2:6], "4", *TRAIN[7:], "--out", str(run)]) == 0
-    finally:
-        torch.set_num_threads(threads)
     with FolderLock(run, "modbench train"):
         ev = _modbench("-m", "modbench", "eval", str(run), "--no-progress")
         _, err = ev.communicate(timeout=300)

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
+from tests.helpers import torch_threads
 
 from modbench.cli import run_cli
 from modbench.runtime.checkpoint import checkpoint_step
@@ -112,11 +112,8 @@ def _resume(line: str, run: Path) -> None:
     modbench` runs; the run's train.threads=1 sets one torch thread, restored after)."""
     command = line.split("with: ", 1)[1].split()
     assert command[:2] == ["modbench", "train"]
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         assert run_cli([*command[1:], "--no-progress"]) == 0
-    finally:
-        torch.set_num_threads(threads)
     assert json.loads((run / SUMMARY).read_text())["steps"] == STEPS
     records = [json.loads(x) for x in (run / METRICS).read_text().splitlines()]
     assert [r["step"] for r in records if r.get("kind") == "train"] == list(range(1, STEPS + 1))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.helpers import cli
 
-from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.study.spec import load_spec
 
@@ -82,15 +82,15 @@ def test_plain_aliases_still_work(tmp_path: Path) -> None:
 @pytest.fixture
 def study(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
           capsys: pytest.CaptureFixture[str]) -> Any:
-    """``study(args)``: ``modbench study run *args`` in process (run_cli, what `python -m
-    modbench` runs) from ``tmp_path`` as the working folder: its exit code and stderr."""
+    """``study(args)``: ``modbench study run *args`` in process (tests.helpers.cli, what
+    `python -m modbench` runs) from ``tmp_path`` as the working folder: its exit code and
+    stderr."""
     monkeypatch.chdir(tmp_path)
 
     def run(args: list[str]) -> tuple[int, str]:
-        capsys.readouterr()
-        code = run_cli(["study", "run", *args, "--no-progress", "--no-report", "--workers",
-                        "1"])
-        return code, capsys.readouterr().err
+        code, _, err = cli(capsys, "study", "run", *args, "--no-progress", "--no-report",
+                           "--workers", "1")
+        return code, err
 
     return run
 

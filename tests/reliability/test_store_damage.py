@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from modbench.cli import run_cli
+from tests.helpers import cli
 
 SPEC = {"name": "damage", "methods": ["qknorm"], "scales": ["tiny"],
         "seeds": {"default": [0], "noise_floor": [0]},
@@ -43,15 +42,6 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "pristine"
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``modbench *args`` in process (run_cli, what `python -m modbench` runs): its exit code,
-    stdout and stderr. The study itself runs in a child process (the fixture)."""
-    capsys.readouterr()
-    code = run_cli(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _damage(index: Path, how: str) -> None:
     for side in ("-wal", "-shm"):
         index.with_name(index.name + side).unlink(missing_ok=True)
@@ -74,13 +64,14 @@ def test_damaged_index_rebuilt_and_report_unchanged(study: Path, how: str,
     with sqlite3.connect(s / "index.sqlite") as db:  # fold the WAL into the file first
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     _damage(s / "index.sqlite", how)
-    code, out, err = _cli(capsys, "study", "status", str(s))
+    # status and report in process (tests.helpers.cli); the study ran in a child (the fixture)
+    code, out, err = cli(capsys, "study", "status", str(s))
     assert code == 0, err
     notice = [line for line in err.splitlines() if "rebuilt from" in line]
     assert len(notice) == 1 and "Traceback" not in err, err
     assert "2 runs — 2 completed" in out, out
     assert list(s.glob("index.sqlite.damaged-*"))  # kept aside, not deleted
-    code, out, err = _cli(capsys, "study", "report", str(s))
+    code, out, err = cli(capsys, "study", "report", str(s))
     assert code == 0, err
     assert "rebuilt" not in err  # rebuilt once
     after = {n: (s / "report" / n).read_text() for n in ("report.md", "results.csv")}
@@ -94,7 +85,7 @@ def test_report_with_fewer_finished_runs_is_refused(study: Path, tmp_path: Path,
     before = (s / "report" / "report.md").read_text()
     with sqlite3.connect(s / "index.sqlite") as db:  # a valid index that lost its rows
         db.execute("DELETE FROM runs")
-    code, _, err = _cli(capsys, "study", "report", str(s))
+    code, _, err = cli(capsys, "study", "report", str(s))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "report was kept" in err
     assert (s / "report" / "report.md").read_text() == before

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.helpers import cli
 
-from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.eval.harness import check_task_files, read_task_yaml
 from modbench.study.spec import load_spec
@@ -90,9 +90,9 @@ def test_modbench_eval_refuses_task_code_in_one_line(tmp_path: Path,
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("preset: tiny\n")
     (run / "checkpoints" / "last.pt").write_bytes(b"")
-    capsys.readouterr()  # in process: run_cli is what `python -m modbench` runs
-    code = run_cli(["eval", str(run), "--tasks", str(d / "mytask.yaml"), "--no-progress"])
-    err = capsys.readouterr().err
+    # in process: tests.helpers.cli runs what `python -m modbench` runs
+    code, _, err = cli(capsys, "eval", str(run), "--tasks", str(d / "mytask.yaml"),
+                       "--no-progress")
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "--trust-task-code" in err
     assert not (tmp_path / "ran").exists() and not (run / "eval.json").exists()

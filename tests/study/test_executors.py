@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
 from modbench.analysis.bench import PEAK_BF16_TFLOPS
@@ -41,6 +40,7 @@ from modbench.study.cluster import ExecutorOptions, check_options
 from modbench.study.runner import Job, _jobs, run_study
 from modbench.study.spec import expand, load_spec
 from modbench.study.store import Store
+from tests.helpers import torch_threads
 from tests.reliability.checks import run_differences
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -72,11 +72,8 @@ def spec_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _local(spec_file: Path, folder: Path, ensembles: str) -> Path:
-    threads = torch.get_num_threads()  # the runs set 1 thread in this process: give it back
-    try:
+    with torch_threads():  # the runs set 1 thread in this process: give it back
         c = run_study(load_spec(spec_file), folder, ensembles=ensembles, progress=False)
-    finally:
-        torch.set_num_threads(threads)
     assert (c["trained"], c["failed"]) == (N_RUNS, 0)
     return folder
 
@@ -568,8 +565,7 @@ def test_a_multi_gpu_job_trains_through_launch(spec_file: Path, tmp_path: Path,
     store = Store(tmp_path)
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         jobs = _jobs(tmp_path, runs, spec, stack=True, nproc=4)
         results = [res for job in jobs for res in execute_job(job)]
         assert sorted(calls) == sorted((r.key, 4, False) for r in runs)
@@ -579,5 +575,3 @@ def test_a_multi_gpu_job_trains_through_launch(spec_file: Path, tmp_path: Path,
         Store(tmp_path / "one").register(runs[0].key, "tiny", "baseline", 0)
         one = _jobs(tmp_path / "one", runs[:1], spec, stack=True)
         assert execute_job(one[0])[0].outcome == "trained" and calls == []
-    finally:
-        torch.set_num_threads(threads)

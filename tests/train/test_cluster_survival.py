@@ -52,7 +52,7 @@ from modbench.runtime.runfolder import CHECKPOINT
 from modbench.study.spec import config_key
 from modbench.train.distributed import launch
 from modbench.train.trainer import Trainer, train
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, torch_threads
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available() and hasattr(signal, "SIGUSR1")),
@@ -618,11 +618,8 @@ def test_submitit_requeue_resumes_from_the_step_the_signal_saved(
         "seeds": {"default": [0], "noise_floor": [0], "anchors": []}, "scales": ["tiny"],
         "overrides": ["train.steps=10", "train.eval_every=5", "train.checkpoint_every=0",
                       "train.threads=1"], "evaluation": {"probes": False}}))
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         local = run_study(load_spec(spec_file), tmp_path / "local", progress=False)
-    finally:
-        torch.set_num_threads(threads)
     assert local["trained"] == 1
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
