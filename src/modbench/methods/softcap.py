@@ -95,13 +95,13 @@ class _CapKernel(ExplicitKernel):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        if q.is_cuda and _flex().flex_usable(q):
+        if q.is_cuda and (flex := _flex()).flex_usable(q):
             cap, fn = self.cap, self.cap_fn
 
             def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
                 return fn(s, cap)
 
-            return _flex().flex_causal_attention(q, k, v, score_mod)
+            return flex.flex_causal_attention(q, k, v, score_mod)
         fast = self.shortcut(q, k, v, ctx)
         return fast if fast is not None else super().forward(q, k, v, ctx)
 
