@@ -18,7 +18,8 @@ from modbench.study.spec import load_spec
 
 
 def test_ladder_smoke_reports_fits_figure_and_prediction(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     spec = load_spec("ladder-smoke")
     assert spec.scales == LADDERS["smoke"].rung_names()
     out = tmp_path / "s"
@@ -56,3 +57,19 @@ def test_ladder_smoke_reports_fits_figure_and_prediction(
     # --predict: an extrapolation, marked as one, beside the real runs' GPU-hours
     assert "EXTRAPOLATION, not a measurement: climb-1.2b" in printed
     assert "GPU-hours on H100" in printed and "qknorm" in printed
+    # a method with no fit (its seeds failed at too many rungs: Post-LN on ladder-cpu) is
+    # named as such, not printed as nan
+    import modbench.analysis.scaling as scaling
+
+    def qknorm_unfitted(*args: object, **kwargs: object) -> object:
+        an = real(*args, **kwargs)
+        an.methods["qknorm"].fit_n = None
+        an.methods["qknorm"].rungs = an.methods["qknorm"].rungs[:1]
+        return an
+
+    real = scaling.analyse
+    monkeypatch.setattr(scaling, "analyse", qknorm_unfitted)
+    assert run_cli(["study", "report", str(out), "--predict", "climb-1.2b"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("qknorm "))
+    assert "no fit (1 of 4 rungs trained)" in row and "nan" not in row, row

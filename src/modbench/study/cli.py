@@ -309,13 +309,16 @@ def _prediction(folder: Path, shape: str, gpu_type: str | None, mfu: float | Non
              f"{'method':<24} {'predicted loss':>14} {'gain over baseline [95% CI]':>32} "
              f"{'GPU-hours':>10}"]  # a method's runs at SHAPE
     for m, ms in an.methods.items():
-        loss = ms.extrapolate(n_of[m])
-        if m == an.baseline:
-            gain = "(baseline)"
+        if ms.fit_n is None:  # every seed failed at all but one or two rungs: nothing to fit
+            loss, gain = "–", f"no fit ({len(ms.rungs)} of {len(an.scales)} rungs trained)"
         else:
-            g, (lo, hi) = an.extrapolated_gain(m, n_of[m], n_of[an.baseline])
-            gain = f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-        lines.append(f"{m:<24} {loss:>14.4f} {gain:>32} {hours[m]:>10,.1f}")
+            loss = f"{ms.extrapolate(n_of[m]):.4f}"
+            if m == an.baseline:
+                gain = "(baseline)"
+            else:
+                g, (lo, hi) = an.extrapolated_gain(m, n_of[m], n_of[an.baseline])
+                gain = f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        lines.append(f"{m:<24} {loss:>14} {gain:>32} {hours[m]:>10,.1f}")
     total = sum(hours.values())
     cfg = run_spec(spec, shape, an.baseline, seed).config
     t_target = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len / n_of[an.baseline]
