@@ -45,6 +45,10 @@ BUILTIN = ["baseline", "post_ln", "deepnorm", "mix_ln", "ln_scaling", "post_ln+c
 SMALL = ["baseline", "post_ln", "deepnorm", "dyt", "ngpt", "mix_ln", "ln_scaling", "post_ln+comt"]
 
 
+# a study spec whose runs are a case's setting (builtin-cpu.yaml: cpu-deep, lr 3e-3, 500 steps)
+SAME_SETTING = {"builtin-cpu": "builtin"}
+
+
 @dataclass(frozen=True)
 class Case:
     """One setting: a preset, its overrides, the cadence its study validates at, and the
@@ -103,6 +107,46 @@ def train_curve(case: Case, method: str, seed: int, every: int, threads: int,
             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
 
 
+def study_curves(folder: Path) -> list[dict[str, Any]]:
+    """The curves of a finished study's runs that trained to their planned end (none stopped
+    early, none diverged), for the replay at the cadence they were validated at
+    (``train.eval_every``): a full-length study's stalled runs are the stop's events at the
+    study's own cadence. The case is the spec's name."""
+    import yaml
+
+    from modbench.config import from_dict
+
+    spec_file = folder / "spec.yaml"
+    spec = yaml.safe_load(spec_file.read_text()) if spec_file.is_file() else None
+    name = str((spec or {}).get("name", folder.name))
+    runs = []
+    for summary_path in sorted(folder.glob("**/runs/*/summary.json")):
+        run = summary_path.parent
+        try:
+            summary = json.loads(summary_path.read_text())
+            tree = yaml.safe_load((run / "config.yaml").read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        tree.pop("meta", None)
+        cfg = from_dict(tree)
+        if (summary.get("status") not in ("completed", "stalled")
+                or summary.get("steps") != summary.get("steps_planned")
+                or summary.get("unigram_loss") is None):
+            continue
+        vals = val_points(read_metrics(run))
+        runs.append({"case": name, "method": cfg.model.method or "baseline",
+                     "seed": cfg.seed, "steps": cfg.train.steps,
+                     "warmup": cfg.recipe.warmup_for(cfg.train.steps),
+                     "margin": cfg.train.stall_margin,
+                     "patience_frac": cfg.train.stall_patience,
+                     "min_steps": cfg.train.stall_min_steps, "cadence": cfg.train.eval_every,
+                     "level": summary["unigram_loss"], "status": summary["status"],
+                     "stalled_at_step": summary.get("stalled_at_step"),
+                     "final_val_loss": summary.get("final_val_loss"), "vals": vals,
+                     "wall_s": None, "cpu_s": None})
+    return runs
+
+
 def first_stop(run: dict[str, Any], patience: int, cadence: int) -> tuple[int, int] | None:
     """(the step the run would stop at, its stalled_at_step) under the stop rule with this
     patience, validating every ``cadence`` steps; None: it never stops."""
@@ -127,10 +171,18 @@ def stalled_at_end(run: dict[str, Any], cadence: int) -> bool:
 
 def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
     """The markdown table: per patience and cadence, runs that met the rule, how many of them
-    would have recovered (false stops), and the steps the stop saves."""
+    would have recovered (false stops), the rate with its one-sided 95 % upper bound
+    (Clopper–Pearson), and the steps the stop saves.
+
+    Whether a run recovered is judged on its whole recorded curve (every ``every`` steps), by
+    the end-of-run rule: thinned to the study's cadence, a run that stalled from step 20 to
+    its end can fail the end-of-run rule's patience (its first point at the level comes too
+    late) without ever leaving the level, and would count as "recovered" though it did not."""
+    from scipy.stats import beta
+
     lines = ["| cadence | patience (steps) | runs | met the rule | recovered (false stops) | "
-             "rate | steps saved |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "rate | 95 % upper bound | steps saved |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label in ("study's", f"every {every}"):
         for p in patiences:
             met = false = saved = 0
@@ -143,12 +195,13 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
                     continue
                 met += 1
                 saved += r["steps"] - stop[0]
-                if not stalled_at_end(r, cadence):
+                if not stalled_at_end(r, 1):
                     false += 1
                     names.append(f"{r['case']}/{r['method']}/s{r['seed']}@{stop[0]}")
             rate = f"{false / met:.0%}" if met else "–"
+            upper = f"{beta.ppf(0.95, false + 1, met - false):.0%}" if met > false else "–"
             lines.append(f"| {label} | {p} | {len(runs)} | {met} | {false}"
-                         f"{' (' + ', '.join(names) + ')' if names else ''} | {rate} | "
+                         f"{' (' + ', '.join(names) + ')' if names else ''} | {rate} | {upper} | "
                          f"{saved} of {total} ({saved / total:.0%}) |")
     return "\n".join(lines)
 
@@ -169,7 +222,7 @@ def curves_table(runs: list[dict[str, Any]]) -> str:
         shown = ", ".join(f"{x[0]}–{x[-1]}" if len(x) > 1 else str(x[0]) for x in spans)
         lines.append(f"| {r['case']} | `{r['method']}` | {r['seed']} | {r['status']} | "
                      f"{r['final_val_loss']:.3f} | {r['level']:.3f} | {shown or '–'} | "
-                     f"{r['cpu_s']} |")
+                     f"{r['cpu_s'] if r['cpu_s'] is not None else '–'} |")
     return "\n".join(lines)
 
 
@@ -187,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=None,
                     help="comma-separated CASE/METHOD/SEED: these runs, in this order, instead "
                          "of every run of --cases")
+    ap.add_argument("--studies", default=None,
+                    help="comma-separated finished study folders: replay the rule also on "
+                         "their runs that trained to the end (validated at their own cadence)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs already in --out and train only the others")
     args = ap.parse_args(argv)
@@ -214,6 +270,15 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(r)
                     Path(args.out).write_text(json.dumps(
                         {"every": args.every, "threads": args.threads, "runs": runs}) + "\n")
+    # one curve per (setting, method, seed): the same run kept by several studies (or trained
+    # here too, as the builtin case's seed-0 runs are) counts once, the first one kept
+    seen = {(SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"]) for r in runs}
+    for folder in args.studies.split(",") if args.studies else []:
+        for r in study_curves(Path(folder)):
+            key = (SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"])
+            if key not in seen:
+                seen.add(key)
+                runs.append(r)
     print(curves_table(runs))
     print()
     print(replay(runs, patiences, args.every))
