@@ -16,6 +16,7 @@ Usage::
     python benchmarks/stall_rule.py --replay benchmarks/results/stall_rule-2026-11-26.json
     python benchmarks/stall_rule.py --cases builtin --methods baseline,post_ln --every 20
     python benchmarks/stall_rule.py --resume --runs builtin/post_ln/0,deep-lr1e-3/baseline/0
+    python benchmarks/stall_rule.py --replay RESULTS.json --studies STUDY_DIR[,STUDY_DIR...]
 
 The curves are written to ``--out`` after each run (``--resume`` keeps them and trains the
 rest; ``--budget-s`` stops training once that many CPU seconds are spent). One thread, a
