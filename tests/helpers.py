@@ -5,16 +5,30 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib.util
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from modbench.config import RunConfig, resolve
 from modbench.model.stream import Record, StreamState
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of benchmarks/ imported as module ``name`` (registered in sys.modules, which
+    its dataclasses need)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny(method: str = "baseline", seed: int = 0, steps: int = 30, *overrides: str) -> RunConfig:

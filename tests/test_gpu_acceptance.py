@@ -4,7 +4,6 @@ goes on; the JSON is on disk after every section."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests import helpers
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_acceptance.py"
 SECTIONS = ["environment", "tests", "memory_plan", "climb_1_2b", "llama_350m", "compile_graphs",
@@ -22,12 +23,7 @@ SECTIONS = ["environment", "tests", "memory_plan", "climb_1_2b", "llama_350m", "
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_acceptance", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_acceptance"] = module
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script(SCRIPT, "gpu_acceptance")
 
 
 @pytest.fixture(scope="module")

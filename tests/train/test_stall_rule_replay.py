@@ -4,25 +4,18 @@ one-sided 95 % upper bound."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from modbench.train.trainer import train
-from tests.helpers import tiny
+from tests.helpers import load_script, tiny
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "stall_rule.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("stall_rule_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["stall_rule_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "stall_rule_bench")
 
 
 # DyT on cpu-small (300 steps, warm-up 15), validated every 20 (benchmarks/stall_rule.py,
