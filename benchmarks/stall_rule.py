@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from modbench.config import resolve
+from modbench.errors import ModbenchError
 from modbench.runtime.runfolder import read_metrics, val_points
 from modbench.runtime.stall import stalled_at
 
@@ -99,13 +100,22 @@ def train_curve(case: Case, method: str, seed: int, every: int, threads: int,
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     vals = val_points(read_metrics(out))
     shutil.rmtree(out, ignore_errors=True)
-    return {"case": case.name, "method": method, "seed": seed, "steps": cfg.train.steps,
+    return curve_record(case.name, method, seed, cfg, summary, vals, case.cadence,
+                        wall_s=round(wall, 1), cpu_s=round(cpu, 1))
+
+
+def curve_record(case: str, method: str, seed: int, cfg: Any, summary: dict[str, Any],
+                 vals: list[tuple[int, float | None]], cadence: int, *,
+                 wall_s: float | None = None, cpu_s: float | None = None) -> dict[str, Any]:
+    """One run's curve with what the rule needs (its config's stall keys and warm-up, the
+    unigram level of its summary), as the results JSON keeps it."""
+    return {"case": case, "method": method, "seed": seed, "steps": cfg.train.steps,
             "warmup": cfg.recipe.warmup_for(cfg.train.steps), "margin": cfg.train.stall_margin,
             "patience_frac": cfg.train.stall_patience, "min_steps": cfg.train.stall_min_steps,
-            "cadence": case.cadence, "level": summary["unigram_loss"],
-            "status": summary["status"], "stalled_at_step": summary["stalled_at_step"],
-            "final_val_loss": summary["final_val_loss"], "vals": vals,
-            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+            "cadence": cadence, "level": summary["unigram_loss"],
+            "status": summary["status"], "stalled_at_step": summary.get("stalled_at_step"),
+            "final_val_loss": summary.get("final_val_loss"), "vals": vals,
+            "wall_s": wall_s, "cpu_s": cpu_s}
 
 
 def study_curves(folder: Path) -> list[dict[str, Any]]:
@@ -115,8 +125,6 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
     study's own cadence. The case is the spec's name."""
     import yaml
 
-    from modbench.config import from_dict
-
     spec_file = folder / "spec.yaml"
     spec = yaml.safe_load(spec_file.read_text()) if spec_file.is_file() else None
     name = str((spec or {}).get("name", folder.name))
@@ -125,26 +133,15 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
         run = summary_path.parent
         try:
             summary = json.loads(summary_path.read_text())
-            tree = yaml.safe_load((run / "config.yaml").read_text())
-        except (OSError, ValueError, yaml.YAMLError):
+            cfg = resolve(yaml_file=run / "config.yaml")  # a run's own config.yaml
+        except (OSError, ValueError, ModbenchError):
             continue
-        tree.pop("meta", None)
-        cfg = from_dict(tree)
         if (summary.get("status") not in ("completed", "stalled")
                 or summary.get("steps") != summary.get("steps_planned")
                 or summary.get("unigram_loss") is None):
             continue
-        vals = val_points(read_metrics(run))
-        runs.append({"case": name, "method": cfg.model.method or "baseline",
-                     "seed": cfg.seed, "steps": cfg.train.steps,
-                     "warmup": cfg.recipe.warmup_for(cfg.train.steps),
-                     "margin": cfg.train.stall_margin,
-                     "patience_frac": cfg.train.stall_patience,
-                     "min_steps": cfg.train.stall_min_steps, "cadence": cfg.train.eval_every,
-                     "level": summary["unigram_loss"], "status": summary["status"],
-                     "stalled_at_step": summary.get("stalled_at_step"),
-                     "final_val_loss": summary.get("final_val_loss"), "vals": vals,
-                     "wall_s": None, "cpu_s": None})
+        runs.append(curve_record(name, summary["method"], summary["seed"], cfg, summary,
+                                 val_points(read_metrics(run)), cfg.train.eval_every))
     return runs
 
 
@@ -162,10 +159,9 @@ def first_stop(run: dict[str, Any], patience: int, cadence: int) -> tuple[int, i
     return None
 
 
-def stalled_at_end(run: dict[str, Any], cadence: int) -> bool:
-    """The end-of-run rule on the whole curve at this cadence (the status without a stop)."""
-    vals = [(s, v) for s, v in run["vals"] if s % cadence == 0 or s == run["steps"]]
-    return stalled_at(vals, run["level"], steps=run["steps"], warmup=run["warmup"],
+def stalled_at_end(run: dict[str, Any]) -> bool:
+    """The end-of-run rule on the whole recorded curve (the status without a stop)."""
+    return stalled_at(run["vals"], run["level"], steps=run["steps"], warmup=run["warmup"],
                       margin=run["margin"], patience=run["patience_frac"],
                       min_steps=run["min_steps"]) is not None
 
@@ -196,7 +192,7 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
                     continue
                 met += 1
                 saved += r["steps"] - stop[0]
-                if not stalled_at_end(r, 1):
+                if not stalled_at_end(r):
                     false += 1
                     names.append(f"{r['case']}/{r['method']}/s{r['seed']}@{stop[0]}")
             rate = f"{false / met:.0%}" if met else "–"
@@ -273,11 +269,13 @@ def main(argv: list[str] | None = None) -> int:
                         {"every": args.every, "threads": args.threads, "runs": runs}) + "\n")
     # one curve per (setting, method, seed): the same run kept by several studies (or trained
     # here too, as the builtin case's seed-0 runs are) counts once, the first one kept
-    seen = {(SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"]) for r in runs}
+    def setting(r: dict[str, Any]) -> tuple[str, str, int]:
+        return SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"]
+
+    seen = {setting(r) for r in runs}
     for folder in args.studies.split(",") if args.studies else []:
         for r in study_curves(Path(folder)):
-            key = (SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"])
-            if key not in seen:
+            if (key := setting(r)) not in seen:
                 seen.add(key)
                 runs.append(r)
     print(curves_table(runs))

@@ -6,7 +6,6 @@ chromium chromium-driver``; ``pip install selenium``); skipped where they are mi
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ return {inner: vw, scroll: document.documentElement.scrollWidth, past: past,
 """
 
 
-def _render(page: Path, width: int) -> dict[str, Any]:
+def _render(page: Path, width: int, profile: Path) -> dict[str, Any]:
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -42,7 +41,7 @@ def _render(page: Path, width: int) -> dict[str, Any]:
     # this machine's network is closed: no background connections, a fresh profile
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}",
+                "--disable-sync", f"--user-data-dir={profile}",
                 f"--window-size={width},900"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(str(DRIVER)))
@@ -58,7 +57,7 @@ def test_report_fits_a_1400_pixel_window(tmp_path: Path) -> None:
                "layerscale(init=1e-4)": 3, "post_ln": 1}
     res = fake_results(tmp_path, methods)
     page = write_report(res, tmp_path / "report") / "report.html"
-    got = _render(page, 1400)
+    got = _render(page, 1400, tmp_path / "chromium")
     assert got["inner"] == 1400
     assert got["scroll"] <= got["inner"], got  # no sideways scrolling
     assert got["past"] == []
@@ -73,5 +72,5 @@ def test_the_check_sees_a_page_wider_than_the_window(tmp_path: Path) -> None:
     page = tmp_path / "wide.html"
     cells = "".join(f"<td>column-{i}-with-a-long-unbreakable-name</td>" for i in range(40))
     page.write_text(f"<html><body><table><tr>{cells}</tr></table></body></html>")
-    got = _render(page, 1400)
+    got = _render(page, 1400, tmp_path / "chromium")
     assert got["scroll"] > 1400 and any(p.startswith("TABLE") for p in got["past"])
