@@ -17,6 +17,8 @@ Usage::
     python benchmarks/stall_rule.py --cases builtin --methods baseline,post_ln --every 20
     python benchmarks/stall_rule.py --resume --runs builtin/post_ln/0,deep-lr1e-3/baseline/0
     python benchmarks/stall_rule.py --replay RESULTS.json --studies STUDY_DIR[,STUDY_DIR...]
+    python benchmarks/stall_rule.py --runs builtin/dyt/0,builtin/sandwich/0 --out B.json
+    python benchmarks/stall_rule.py --replay RESULTS.json,B.json
 
 The curves are written to ``--out`` after each run (``--resume`` keeps them and trains the
 rest; ``--budget-s`` stops training once that many CPU seconds are spent). One thread, a
@@ -231,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--patiences", default="40,60,100,150,200,300")
     ap.add_argument("--out", default="benchmarks/results/stall_rule-2026-11-26.json")
-    ap.add_argument("--replay", default=None, help="a results JSON: replay only, no training")
+    ap.add_argument("--replay", default=None,
+                    help="comma-separated results JSONs: replay only, no training (the runs "
+                         "of several, e.g. of two processes that each trained some)")
     ap.add_argument("--budget-s", type=float, default=1500.0,
                     help="train no further run once this many CPU seconds are spent")
     ap.add_argument("--runs", default=None,
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     patiences = [int(p) for p in args.patiences.split(",")]
     if args.replay:
-        runs = json.loads(Path(args.replay).read_text())["runs"]
+        runs = [r for f in args.replay.split(",") for r in json.loads(Path(f).read_text())["runs"]]
     else:
         methods = args.methods.split(",") if args.methods else None
         table = cases(args.every, methods)
@@ -272,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     def setting(r: dict[str, Any]) -> tuple[str, str, int]:
         return SAME_SETTING.get(r["case"], r["case"]), r["method"], r["seed"]
 
-    seen = {setting(r) for r in runs}
+    seen: set[tuple[str, str, int]] = set()
+    runs = [r for r in runs if not (setting(r) in seen or seen.add(setting(r)))]
     for folder in args.studies.split(",") if args.studies else []:
         for r in study_curves(Path(folder)):
             if (key := setting(r)) not in seen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,17 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, (os.cpu_count() or 1) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` hands out the longest test file first (tests/scheduling.py), so the
+    slow files with few tests do not run last in one worker while the other idles."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.scheduling import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
