@@ -4,8 +4,9 @@ step s would have left the unigram level by the end (docs/runs.md, "Stopping sta
 Each case is trained once to the end without an early stop, validating every ``--every``
 steps; its validation curve, unigram level and warm-up are recorded. The rule
 (``train.stop_stalled_after``: the trainer's stop, :func:`modbench.runtime.stall.stalled_at`
-over the points so far, with ``min_steps`` = the patience) is then replayed on each curve at
-several patiences and at two validation cadences: the setting's own (100 steps for both
+over the points so far, with ``min_steps`` = the patience and ``train.stop_stalled_margin``,
+or ``--stop-margin``, as the margin) is then replayed on each curve at several patiences and
+at two validation cadences: the setting's own (100 steps for both
 presets) and every ``--every`` steps (more chances to stop wrongly). A stop is *false* when the
 whole run is not stalled by the end-of-run rule (``check_stall``), i.e. the stop changed its
 status.
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modbench.config import resolve
+from modbench.config import TrainConfig, resolve
 from modbench.errors import ModbenchError
 from modbench.runtime.runfolder import read_metrics, val_points
 from modbench.runtime.stall import stalled_at
@@ -147,15 +148,18 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def first_stop(run: dict[str, Any], patience: int, cadence: int) -> tuple[int, int] | None:
+def first_stop(run: dict[str, Any], patience: int, cadence: int,
+               margin: float | None = None) -> tuple[int, int] | None:
     """(the step the run would stop at, its stalled_at_step) under the stop rule with this
-    patience, validating every ``cadence`` steps; None: it never stops."""
+    patience and margin (None: the run's ``train.stall_margin``), validating every
+    ``cadence`` steps; None: it never stops."""
     vals = [(s, v) for s, v in run["vals"] if s % cadence == 0 or s == run["steps"]]
     for i, (t, _) in enumerate(vals):
         if t >= run["steps"]:  # the last validation: the run ends there anyway
             break
         at = stalled_at(vals[:i + 1], run["level"], steps=t, warmup=run["warmup"],
-                        margin=run["margin"], patience=0.0, min_steps=patience)
+                        margin=run["margin"] if margin is None else margin, patience=0.0,
+                        min_steps=patience)
         if at is not None:
             return t, at
     return None
@@ -168,7 +172,8 @@ def stalled_at_end(run: dict[str, Any]) -> bool:
                       min_steps=run["min_steps"]) is not None
 
 
-def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
+def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
+           margin: float | None = None) -> str:
     """The markdown table: per patience and cadence, runs that met the rule, how many of them
     would have recovered (false stops), the rate with its one-sided 95 % upper bound
     (Clopper–Pearson), and the steps the stop saves.
@@ -189,7 +194,7 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int) -> str:
             names: list[str] = []
             for r in runs:
                 cadence = r["cadence"] if label == "study's" else every
-                stop = first_stop(r, p, cadence)
+                stop = first_stop(r, p, cadence, margin)
                 if stop is None:
                     continue
                 met += 1
@@ -244,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--studies", default=None,
                     help="comma-separated finished study folders: replay the rule also on "
                          "their runs that trained to the end (validated at their own cadence)")
+    ap.add_argument("--stop-margin", type=float, default=TrainConfig().stop_stalled_margin,
+                    help="the early stop's margin (train.stop_stalled_margin) to replay; "
+                         "default: the key's default")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs already in --out and train only the others")
     args = ap.parse_args(argv)
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(r)
     print(curves_table(runs))
     print()
-    print(replay(runs, patiences, args.every))
+    print(f"the stop's margin: {args.stop_margin} nats (train.stop_stalled_margin)")
+    print(replay(runs, patiences, args.every, args.stop_margin))
     return 0
 
 

@@ -294,10 +294,15 @@ class TrainConfig:
     stall_min_steps: int = 100
     # Early stop of a stalled run (docs/runs.md, "Stopping stalled runs"): at a validation,
     # a run whose losses since some step s after warm-up all sat at the unigram level (within
-    # stall_margin, as above), for at least this many steps, and fell by less than
-    # stall_margin meanwhile, stops there with status stalled (stalled_at_step s). None: off
-    # (modbench train's default); studies set it (modbench.study.spec.STUDY_STOP_STALLED_AFTER).
+    # stop_stalled_margin nats of it, or above it), for at least this many steps, and fell by
+    # less than stop_stalled_margin meanwhile, stops there with status stalled
+    # (stalled_at_step s). None: off (modbench train's default); studies set it
+    # (modbench.study.spec.STUDY_STOP_STALLED_AFTER).
     stop_stalled_after: int | None = None
+    # the stop's margin: tighter than stall_margin, which only labels a finished run. At 0.1 a
+    # run that sat 0.06-0.08 nats under the level for 200 steps and then learned on (Sandwich-LN
+    # at builtin-cpu's settings) was cut; stalled runs sit within 0.01 of it. 0: never stop
+    stop_stalled_margin: float = 0.05
 
     def logs(self, done: int) -> bool:
         """Whether ``metrics.jsonl`` logs the training record after ``done`` steps: every
@@ -312,6 +317,7 @@ class TrainConfig:
         if not 0.0 <= self.stall_patience <= 1.0:
             raise ModbenchError(f"train.stall_patience must be in [0, 1] (a fraction of the "
                                 f"steps after warm-up), got {self.stall_patience}")
+        _at_least("train.stop_stalled_margin", self.stop_stalled_margin, 0.0)
         ssa = self.stop_stalled_after
         if ssa is not None and (isinstance(ssa, bool) or not isinstance(ssa, int) or ssa < 1):
             raise ModbenchError(f"train.stop_stalled_after must be a number of steps, at least "

@@ -22,12 +22,14 @@ LEVEL = 5.951  # the unigram level of cpu-deep's data (docs/runs.md)
 
 
 def first_stop(series: list[tuple[int, float]], after: int | None, steps: int = 500,
-               level: float = LEVEL) -> tuple[int, int] | None:
+               level: float = LEVEL, margin: float | None = None) -> tuple[int, int] | None:
     """Feed a builtin-cpu-like run (cpu-deep, lr 3e-3, ``steps`` steps) its validations one at
-    a time, as the trainer does; (step it stops at, stalled_at_step) or None."""
+    a time, as the trainer does; (step it stops at, stalled_at_step) or None. ``margin``:
+    ``train.stop_stalled_margin`` (None: its default)."""
     patience = "null" if after is None else after
-    cfg = resolve("cpu-deep", overrides=["recipe.lr=3e-3", f"train.steps={steps}",
-                                         f"train.stop_stalled_after={patience}"])
+    cfg = resolve("cpu-deep", overrides=[
+        "recipe.lr=3e-3", f"train.steps={steps}", f"train.stop_stalled_after={patience}",
+        *([] if margin is None else [f"train.stop_stalled_margin={margin}"])])
     for i, (done, _) in enumerate(series):
         if done >= steps:
             break
@@ -45,15 +47,40 @@ LATE_RECOVERY = [(0, 6.951), (20, 6.79), (40, 6.437), (60, 6.095), (80, 5.964), 
                  (400, 5.437), (500, 5.325)]
 # the Post-LN family at lr 3e-3: at the level from step 100 to the end
 STALL = [(0, 6.95), (100, 5.96), (200, 5.947), (300, 5.946), (400, 5.946), (500, 5.946)]
+# Sandwich-LN at builtin-cpu's settings, validated every 20 (benchmarks/stall_rule.py,
+# 2026-11-27): 0.03-0.08 nats under the level from step 120 to 340, then learning on to 5.773,
+# 0.18 under it: not stalled at the end. At the old margin of the stop (0.1) it was cut.
+SLOW_SANDWICH = [(0, 6.942), (20, 6.525), (40, 6.046), (60, 6.013), (80, 5.96), (100, 5.986),
+                 (120, 5.936), (140, 5.948), (160, 5.918), (180, 5.887), (200, 5.893),
+                 (220, 5.876), (240, 5.881), (260, 5.875), (280, 5.889), (300, 5.895),
+                 (320, 5.884), (340, 5.868), (360, 5.848), (380, 5.849), (400, 5.838),
+                 (420, 5.818), (440, 5.808), (460, 5.785), (480, 5.776), (500, 5.773)]
+
+
+def every_100(series: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    return [(s, v) for s, v in series if s % 100 == 0]
 
 
 def test_a_planted_late_recovery_is_not_cut_at_the_study_patience() -> None:
-    every_100 = [(s, v) for s, v in LATE_RECOVERY if s % 100 == 0]
-    for series in (LATE_RECOVERY, every_100):
+    for series in (LATE_RECOVERY, every_100(LATE_RECOVERY)):
         assert first_stop(series, STUDY_STOP_STALLED_AFTER) is None
-    # a shorter patience cuts it (the test can fail): at step 200, "stalled" since 100
-    assert first_stop(every_100, 100) == (200, 100)
-    assert first_stop(LATE_RECOVERY, 100) == (180, 80)
+    # a shorter patience at the old margin cuts it (the test can fail): at step 200,
+    # "stalled" since 100
+    assert first_stop(every_100(LATE_RECOVERY), 100, margin=0.1) == (200, 100)
+    assert first_stop(LATE_RECOVERY, 100, margin=0.1) == (180, 80)
+
+
+def test_a_slow_learner_under_the_level_is_not_cut() -> None:
+    """The stop's own margin (``train.stop_stalled_margin``, 0.05) is what keeps Sandwich-LN's
+    slow run going: at the end-of-run rule's 0.1 the study's patience cut it."""
+    for series in (SLOW_SANDWICH, every_100(SLOW_SANDWICH)):
+        assert first_stop(series, STUDY_STOP_STALLED_AFTER) is None
+    assert first_stop(SLOW_SANDWICH, STUDY_STOP_STALLED_AFTER, margin=0.1) == (280, 80)
+    assert first_stop(every_100(SLOW_SANDWICH), STUDY_STOP_STALLED_AFTER,
+                      margin=0.1) == (300, 100)
+    # and the true stall still stops where it stopped, at either margin
+    assert first_stop(STALL, STUDY_STOP_STALLED_AFTER) == first_stop(
+        STALL, STUDY_STOP_STALLED_AFTER, margin=0.1) == (300, 100)
 
 
 def test_a_planted_stall_stops_with_its_step() -> None:
@@ -82,7 +109,8 @@ def test_the_trainer_stops_a_stalled_run(tmp_path: Path) -> None:
 
 
 # the tiny baseline of the test below, as it trained (unigram level 5.286): at the level
-# (within 0.1) from step 10 to 60, then learning: a late recovery in miniature
+# (within 0.1) from step 10 to 60, then learning: a late recovery in miniature (within 0.05,
+# the stop's margin, only from 30 to 50)
 TINY_BASELINE = [(0, 6.234), (10, 5.581), (20, 5.33), (30, 5.289), (40, 5.259), (50, 5.261),
                  (60, 5.212), (70, 5.149), (80, 5.078), (90, 5.033), (100, 4.984)]
 
@@ -91,11 +119,14 @@ def test_a_healthy_run_is_not_stopped(tmp_path: Path) -> None:
     s = train(tiny("baseline", 0, 120, "train.stop_stalled_after=40"), tmp_path / "run",
               progress=False)
     assert s["status"] == "completed" and s["steps"] == 120 and s["stalled_at_step"] is None
-    # its curve at a shorter patience would have been cut at step 50
-    cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=30")
+    # its curve at a shorter patience and the old margin would have been cut at step 50
+    cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=30", "train.stop_stalled_margin=0.1")
     stops = [stop_stalled_at(cfg, TINY_BASELINE[:i + 1], 5.286, d)
              for i, (d, _) in enumerate(TINY_BASELINE)]
     assert stops[5] == 20 and not any(stops[:5])
+    cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=30")
+    assert not any(stop_stalled_at(cfg, TINY_BASELINE[:i + 1], 5.286, d)
+                   for i, (d, _) in enumerate(TINY_BASELINE))
     cfg = tiny("baseline", 0, 120, "train.stop_stalled_after=40")
     assert not any(stop_stalled_at(cfg, TINY_BASELINE[:i + 1], 5.286, d)
                    for i, (d, _) in enumerate(TINY_BASELINE))
@@ -121,6 +152,22 @@ def test_the_key_in_configs_and_study_keys(tmp_path: Path) -> None:
         full = from_dict(r.config.to_dict())
         full.train.stop_stalled_after = None
         assert config_key(full) != r.key
+    # the stop's margin: a run without the stop never reads it, and a store's runs stopped
+    # before the key (at the old 0.1) keep their key only at 0.1
+    for r in runs[:2]:
+        old_stop = from_dict(r.config.to_dict())
+        old_stop.train.stop_stalled_margin = 0.1
+        assert config_key(old_stop) != r.key
+        off = from_dict(r.config.to_dict())
+        off.train.stop_stalled_after = None
+        off_other = from_dict(off.to_dict())
+        off_other.train.stop_stalled_margin = 0.3
+        assert config_key(off) == config_key(off_other)
+    tree = runs[0].config.to_dict()
+    del tree["train"]["stop_stalled_margin"]  # a config.yaml from before the key
+    assert from_dict(tree).train.stop_stalled_margin == 0.05
+    with pytest.raises(ModbenchError, match=r"train\.stop_stalled_margin"):
+        resolve("tiny", overrides=["train.stop_stalled_margin=-0.1"])
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nmethods: []\nscales: [tiny]\nseeds: {default: [0], "
                     "noise_floor: []}\noverrides: ['train.stop_stalled_after=null']\n")

@@ -437,6 +437,10 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     # the early stop of stalled runs: studies set it (run_spec), so a store's runs trained
     # to the end before it existed have other keys and are trained again, never mixed in
     ("train", "stop_stalled_after"): None,
+    # the stop's own margin: before the key the stop used stall_margin's 0.1, so a store's
+    # runs stopped at 0.1 keep their key only where 0.1 is asked (the default 0.05 trains
+    # them again); a run without the stop never reads it (config_key drops it)
+    ("train", "stop_stalled_margin"): 0.1,
     ("recipe", "muon_momentum"): 0.95,
     ("recipe", "muon_nesterov"): True,
     ("recipe", "muon_ns_steps"): 5,
@@ -461,6 +465,8 @@ def config_key(cfg: RunConfig) -> str:
 
         if not reads_train_seq_len(cfg.model):
             d["model"]["train_seq_len"] = None
+    if d["train"].get("stop_stalled_after") is None:
+        d["train"].pop("stop_stalled_margin", None)
     for (section, key), default in _NEW_KEY_DEFAULTS.items():
         if d[section].get(key) == default:
             del d[section][key]

@@ -898,13 +898,15 @@ def stop_stalled_at(cfg: RunConfig, vals: Sequence[tuple[int, float | None]], le
     """``train.stop_stalled_after``'s rule after the validation at step ``done``: the step
     ``s`` a run of ``cfg`` with these validation points ``(step, loss)`` has sat at the
     unigram ``level`` since (:func:`modbench.runtime.stall.stalled_at` over the points so
-    far, with the patience as its least stretch ``done - s`` in steps and no fraction of the
-    schedule), or None: go on (also when the key is null)."""
+    far, with the patience as its least stretch ``done - s`` in steps, no fraction of the
+    schedule, and ``train.stop_stalled_margin`` as the margin), or None: go on (also when the
+    key is null)."""
     tc = cfg.train
     if tc.stop_stalled_after is None:
         return None
     return stalled_at(vals, level, steps=done, warmup=cfg.recipe.warmup_for(tc.steps),
-                      margin=tc.stall_margin, patience=0.0, min_steps=tc.stop_stalled_after)
+                      margin=tc.stop_stalled_margin, patience=0.0,
+                      min_steps=tc.stop_stalled_after)
 
 
 def _every(k: int, done: int) -> bool:
