@@ -210,6 +210,11 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
     return "\n".join(lines)
 
 
+def loss(v: float | None) -> str:
+    """A loss as the tables show it; a diverged run's is null."""
+    return "–" if v is None else f"{v:.3f}"
+
+
 def curves_table(runs: list[dict[str, Any]]) -> str:
     lines = ["| case | method | seed | status | final | unigram | validations at the level "
              "(within the margin) after warm-up | CPU s |", "|---|---|---:|---|---:|---:|---|---:|"]
@@ -225,7 +230,7 @@ def curves_table(runs: list[dict[str, Any]]) -> str:
                 spans.append([s])
         shown = ", ".join(f"{x[0]}–{x[-1]}" if len(x) > 1 else str(x[0]) for x in spans)
         lines.append(f"| {r['case']} | `{r['method']}` | {r['seed']} | {r['status']} | "
-                     f"{r['final_val_loss']:.3f} | {r['level']:.3f} | {shown or '–'} | "
+                     f"{loss(r['final_val_loss'])} | {r['level']:.3f} | {shown or '–'} | "
                      f"{r['cpu_s'] if r['cpu_s'] is not None else '–'} |")
     return "\n".join(lines)
 
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"budget spent: {name} {method} s{seed} not trained", flush=True)
                         continue
                     r = train_curve(case, method, seed, args.every, args.threads, Path(tmp))
-                    print(f"{name} {method} s{seed}: {r['status']} {r['final_val_loss']:.3f} "
+                    print(f"{name} {method} s{seed}: {r['status']} {loss(r['final_val_loss'])} "
                           f"(unigram {r['level']:.3f}) {r['cpu_s']} cpu s", flush=True)
                     runs.append(r)
                     Path(args.out).write_text(json.dumps(

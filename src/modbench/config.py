@@ -299,9 +299,10 @@ class TrainConfig:
     # (stalled_at_step s). None: off (modbench train's default); studies set it
     # (modbench.study.spec.STUDY_STOP_STALLED_AFTER).
     stop_stalled_after: int | None = None
-    # the stop's margin: tighter than stall_margin, which only labels a finished run. At 0.1 a
-    # run that sat 0.06-0.08 nats under the level for 200 steps and then learned on (Sandwich-LN
-    # at builtin-cpu's settings) was cut; stalled runs sit within 0.01 of it. 0: never stop
+    # the stop's margin: tighter than stall_margin, which only labels a finished run. At 0.1
+    # runs that sat 0.03-0.08 nats under the level for 200 steps and then learned on
+    # (Sandwich-LN, CRMSNorm at builtin-cpu's settings) were cut; stalled runs sit within 0.01
+    # of it. 0: never stop
     stop_stalled_margin: float = 0.05
 
     def logs(self, done: int) -> bool:
