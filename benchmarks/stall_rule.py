@@ -149,17 +149,16 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
 
 
 def first_stop(run: dict[str, Any], patience: int, cadence: int,
-               margin: float | None = None) -> tuple[int, int] | None:
+               margin: float) -> tuple[int, int] | None:
     """(the step the run would stop at, its stalled_at_step) under the stop rule with this
-    patience and margin (None: the run's ``train.stall_margin``), validating every
-    ``cadence`` steps; None: it never stops."""
+    patience and margin (``train.stop_stalled_margin``; the record's ``margin`` is the
+    end-of-run rule's), validating every ``cadence`` steps; None: it never stops."""
     vals = [(s, v) for s, v in run["vals"] if s % cadence == 0 or s == run["steps"]]
     for i, (t, _) in enumerate(vals):
         if t >= run["steps"]:  # the last validation: the run ends there anyway
             break
         at = stalled_at(vals[:i + 1], run["level"], steps=t, warmup=run["warmup"],
-                        margin=run["margin"] if margin is None else margin, patience=0.0,
-                        min_steps=patience)
+                        margin=margin, patience=0.0, min_steps=patience)
         if at is not None:
             return t, at
     return None
@@ -173,7 +172,7 @@ def stalled_at_end(run: dict[str, Any]) -> bool:
 
 
 def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
-           margin: float | None = None) -> str:
+           margin: float) -> str:
     """The markdown table: per patience and cadence, runs that met the rule, how many of them
     would have recovered (false stops), the rate with its one-sided 95 % upper bound
     (Clopper–Pearson), and the steps the stop saves.

@@ -58,13 +58,10 @@ def expected_seconds(scope: str, tests: int, durations: Mapping[str, float]) -> 
 
 def longest_first(workqueue: Mapping[str, Mapping[str, Any]],
                   durations: Mapping[str, float]) -> str:
-    """The scope to hand out next: the longest expected one (ties: the queue's order)."""
-    best, best_s = "", -1.0
-    for scope, tests in workqueue.items():
-        s = expected_seconds(scope, len(tests), durations)
-        if s > best_s:
-            best, best_s = scope, s
-    return best
+    """The scope to hand out next: the longest expected one (ties: the queue's order, as
+    ``max`` keeps the first)."""
+    return max(workqueue, key=lambda scope: expected_seconds(scope, len(workqueue[scope]),
+                                                             durations))
 
 
 def make_scheduler(config: Any, log: Any, table: Path = DURATIONS) -> Any:
