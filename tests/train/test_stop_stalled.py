@@ -98,6 +98,34 @@ def test_slow_learners_at_the_level_are_not_cut() -> None:
         STALL, STUDY_STOP_STALLED_AFTER, margin=0.1) == (400, 100)
 
 
+# WideNet seed 0 and SeedNorm seed 2 at builtin-cpu's settings, validated every 20
+# (benchmarks/stall_rule.py, 2026-11-27, stall_rule-2026-11-27b.json): at or above the level
+# from step 60 to 320 and within the stop's margin to 340 (280 steps, the longest stretch of a
+# run that learned on), then learning to 5.796 and 5.626: they sit where a true stall sits, so
+# only the patience keeps them
+LONG_WIDENET = [(0, 6.948), (20, 6.578), (40, 6.053), (60, 6.015), (80, 5.96), (100, 5.986),
+                (120, 5.947), (140, 5.974), (160, 5.959), (180, 5.946), (200, 5.972),
+                (220, 5.969), (240, 5.964), (260, 5.96), (280, 5.981), (300, 5.982),
+                (320, 5.95), (340, 5.904), (360, 5.88), (380, 5.869), (400, 5.851),
+                (420, 5.846), (440, 5.831), (460, 5.806), (480, 5.802), (500, 5.796)]
+LONG_SEEDNORM = [(0, 6.936), (20, 6.245), (40, 6.145), (60, 6.027), (80, 6.016), (100, 5.998),
+                 (120, 5.957), (140, 5.983), (160, 5.955), (180, 5.957), (200, 5.984),
+                 (220, 5.97), (240, 5.963), (260, 5.968), (280, 5.983), (300, 5.967),
+                 (320, 5.947), (340, 5.915), (360, 5.866), (380, 5.851), (400, 5.833),
+                 (420, 5.787), (440, 5.747), (460, 5.669), (480, 5.625), (500, 5.626)]
+
+
+def test_the_longest_measured_plateaus_are_not_cut_at_the_study_patience() -> None:
+    """The two longest plateaus measured before a run learned (280 steps within the margin)
+    are not cut at the studies' patience at either cadence; the patience before 2026-11-27
+    (200) cuts both, at the study's cadence at step 300, as a stall from step 100."""
+    for slow in (LONG_WIDENET, LONG_SEEDNORM):
+        for series in (slow, every_100(slow)):
+            assert first_stop(series, STUDY_STOP_STALLED_AFTER) is None
+        assert first_stop(every_100(slow), 200) == (300, 100)
+        assert first_stop(slow, 200) == (280, 60)
+
+
 def test_a_planted_stall_stops_with_its_step() -> None:
     stop = first_stop(STALL, STUDY_STOP_STALLED_AFTER)
     assert stop is not None and stop[1] == 100

@@ -532,7 +532,8 @@ def unique_runs(runs: Iterable[RunSpec]) -> list[RunSpec]:
 #: turn it off with ``train.stop_stalled_after=null``): the patience, in steps, whose
 #: false-stop rate benchmarks/stall_rule.py measured (docs/runs.md, "Stopping stalled runs"):
 #: longer than the longest stretch a run that went on to learn was measured to sit at the
-#: unigram level (SeedNorm at builtin-cpu's settings, 220 steps), with a margin
+#: unigram level (WideNet and SeedNorm at builtin-cpu's settings, 280 steps within the stop's
+#: margin; 200, the patience before, cut both)
 STUDY_STOP_STALLED_AFTER = 300
 
 
