@@ -72,7 +72,7 @@ def test_a_planted_late_recovery_is_not_cut_at_the_study_patience() -> None:
 
 # SeedNorm at builtin-cpu's settings, validated every 20 (benchmarks/stall_rule.py,
 # 2026-11-27): at the level (within 0.05, or above it) from step 60 to 280, then learning to
-# 5.478: the longest such stretch of a run that learned on, which sets the studies' patience
+# 5.478 (the longest such stretch measured until the two runs of LONG_* below)
 SLOW_SEEDNORM = [(0, 6.951), (20, 6.412), (40, 6.128), (60, 6.026), (80, 6.024), (100, 5.999),
                  (120, 5.954), (140, 5.985), (160, 5.961), (180, 5.956), (200, 5.98),
                  (220, 5.971), (240, 5.946), (260, 5.957), (280, 5.913), (300, 5.881),
