@@ -209,6 +209,28 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
     return "\n".join(lines)
 
 
+def longest_plateau(runs: list[dict[str, Any]], margin: float) -> str:
+    """The longest stretch (last minus first step of consecutive validations after warm-up,
+    each at the unigram level within ``margin`` or above it) of a run that was not stalled at
+    its end: the stop may not fire inside such a stretch, so the patience must exceed it."""
+    best: tuple[int, str] | None = None
+    for r in runs:
+        if r["final_val_loss"] is None or stalled_at_end(r):
+            continue
+        start = None
+        for s, v in r["vals"]:
+            if s > r["warmup"] and v is not None and v >= r["level"] - margin:
+                start = s if start is None else start
+                if best is None or s - start > best[0]:
+                    best = (s - start, f"{r['case']}/{r['method']}/s{r['seed']}, {start}–{s}")
+            else:
+                start = None
+    if best is None:
+        return "no run that learned on sat at the level after warm-up"
+    return (f"longest stretch at the level (within {margin} or above it) of a run that learned "
+            f"on: {best[0]} steps ({best[1]}); a patience at or below it can cut such a run")
+
+
 def loss(v: float | None) -> str:
     """A loss as the tables show it; a diverged run's is null."""
     return "–" if v is None else f"{v:.3f}"
@@ -299,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"the stop's margin: {args.stop_margin} nats (train.stop_stalled_margin)")
     print(replay(runs, patiences, args.every, args.stop_margin))
+    print()
+    print(longest_plateau(runs, args.stop_margin))
     return 0
 
 

@@ -73,3 +73,19 @@ def test_recovery_is_judged_on_the_whole_curve() -> None:
     assert cells[6] == f"{0.95 ** 0.5:.0%}"
     cells = row(bench.replay([stalled], [100], every=20, margin=0.1), "study's", 100)
     assert cells[3:6] == ["1", "0", "0%"] and cells[6] == "95%"
+
+
+def test_the_longest_plateau_is_that_of_a_run_that_learned_on() -> None:
+    """The figure the studies' patience must exceed: the longest stretch within the stop's
+    margin (or above the level) of a run that was not stalled at its end. DyT, at the level
+    to its end, is a true stall and is left out though its stretch is longer."""
+    bench = load()
+    late = curve([(0, 8.3), (20, 6.70), (40, 6.60), (60, 6.62), (80, 6.58), (100, 6.61),
+                  (120, 6.59), (140, 6.30), (160, 6.0), (200, 5.8), (300, 5.5)], "late")
+    stall = curve(DYT, "dyt")
+    assert bench.stalled_at_end(stall) and not bench.stalled_at_end(late)
+    got = bench.longest_plateau([stall, late], 0.05)
+    assert "dyt/" not in got and "100 steps (late/m/s0, 20–120)" in got, got
+    # a tighter margin ends the stretch at the first point more than it below the level
+    assert "40 steps (late/m/s0, 20–60)" in bench.longest_plateau([late], 0.02)
+    assert bench.longest_plateau([stall], 0.05).startswith("no run that learned on")
