@@ -29,7 +29,7 @@ def test_every_preset_round_trips(preset: str) -> None:
     ["train.micro_batch_size=auto", "train.compile=blocks", "train.trackers=[tensorboard]",
      "train.activation_checkpointing=every:2", "recipe.betas=[0.8, 0.99]",
      "recipe.warmup_steps=7", "train.stop_stalled_after=200", "train.device_memory_gb=1.5",
-     "train.stop_stalled_margin=0.02",
+     "train.stop_stalled_margin=0.02", "train.stop_stalled_every=100",
      "train.init_from=runs/x", "data.probe_mix=0.25", "data.probe_loss=answers"],
     ["train.micro_batch_size=4", "train.compile=false", "train.activation_checkpointing=true",
      "train.seq_len=64", "model.attn_head_dim=32", "recipe.optimizer=muon",
@@ -78,5 +78,5 @@ def test_a_corrupt_serialised_config_is_one_line(tree: Any, msg: str) -> None:
 def test_keys_added_since_take_their_defaults() -> None:
     tree = resolve("tiny").to_dict()
     del tree["train"]["stop_stalled_after"], tree["recipe"]["muon_momentum"]
-    del tree["train"]["stop_stalled_margin"]
+    del tree["train"]["stop_stalled_margin"], tree["train"]["stop_stalled_every"]
     assert from_dict(tree) == resolve("tiny")

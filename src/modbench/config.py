@@ -304,6 +304,12 @@ class TrainConfig:
     # (Sandwich-LN, CRMSNorm at builtin-cpu's settings) were cut; stalled runs sit within 0.01
     # of it. 0: never stop
     stop_stalled_margin: float = 0.05
+    # the validations the stop looks at: those at multiples of this many steps (None: every
+    # validation). Each look is one more chance to cut a run that would have learned on: at
+    # builtin-cpu's settings, looking every 20 steps cut SeedNorm (seed 4, at the level from
+    # step 60 to 420) where looking every 100 cut none of 96 runs (benchmarks/stall_rule.py);
+    # studies set 100 (modbench.study.spec.STUDY_STOP_STALLED_EVERY)
+    stop_stalled_every: int | None = None
 
     def logs(self, done: int) -> bool:
         """Whether ``metrics.jsonl`` logs the training record after ``done`` steps: every
@@ -323,6 +329,10 @@ class TrainConfig:
         if ssa is not None and (isinstance(ssa, bool) or not isinstance(ssa, int) or ssa < 1):
             raise ModbenchError(f"train.stop_stalled_after must be a number of steps, at least "
                                 f"1, or null (never stop a stalled run early), got {ssa!r}")
+        sse = self.stop_stalled_every
+        if sse is not None and (isinstance(sse, bool) or not isinstance(sse, int) or sse < 1):
+            raise ModbenchError(f"train.stop_stalled_every must be a number of steps, at least "
+                                f"1, or null (the stop looks at every validation), got {sse!r}")
         if self.batch_size <= 0:
             raise ModbenchError(f"train.batch_size must be positive, got {self.batch_size}")
         if self.seq_len < 2:

@@ -106,6 +106,7 @@ POOLS: dict[str, list[Any]] = {
     "train.stall_min_steps": [100, 0, -1, 1.5],
     "train.stop_stalled_after": [None, 300, 1, 0, -1, 1.5, True, "x"],
     "train.stop_stalled_margin": [0.05, 0.0, 0.2, -0.1, "x", None, True],
+    "train.stop_stalled_every": [None, 100, 1, 0, -1, 1.5, True, "x"],
     "data.source": ["builtin", "/nonexistent/data", "", 3],
     "data.data_seed": [0, 1234, -1, 2**64, "x"],
     "data.verify": [True, False, "no"],

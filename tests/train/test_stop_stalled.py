@@ -13,7 +13,13 @@ import torch
 
 from modbench.config import from_dict, resolve
 from modbench.errors import ModbenchError
-from modbench.study.spec import STUDY_STOP_STALLED_AFTER, config_key, expand, load_spec
+from modbench.study.spec import (
+    STUDY_STOP_STALLED_AFTER,
+    STUDY_STOP_STALLED_EVERY,
+    config_key,
+    expand,
+    load_spec,
+)
 from modbench.train.trainer import stop_stalled_at, train
 from tests.helpers import read_metrics, tiny
 
@@ -22,14 +28,17 @@ LEVEL = 5.951  # the unigram level of cpu-deep's data (docs/runs.md)
 
 
 def first_stop(series: list[tuple[int, float]], after: int | None, steps: int = 500,
-               level: float = LEVEL, margin: float | None = None) -> tuple[int, int] | None:
+               level: float = LEVEL, margin: float | None = None,
+               every: int | None = None) -> tuple[int, int] | None:
     """Feed a builtin-cpu-like run (cpu-deep, lr 3e-3, ``steps`` steps) its validations one at
     a time, as the trainer does; (step it stops at, stalled_at_step) or None. ``margin``:
-    ``train.stop_stalled_margin`` (None: its default)."""
+    ``train.stop_stalled_margin`` (None: its default); ``every``: ``train.stop_stalled_every``
+    (None: every validation is a look, the key's default)."""
     patience = "null" if after is None else after
     cfg = resolve("cpu-deep", overrides=[
         "recipe.lr=3e-3", f"train.steps={steps}", f"train.stop_stalled_after={patience}",
-        *([] if margin is None else [f"train.stop_stalled_margin={margin}"])])
+        *([] if margin is None else [f"train.stop_stalled_margin={margin}"]),
+        *([] if every is None else [f"train.stop_stalled_every={every}"])])
     for i, (done, _) in enumerate(series):
         if done >= steps:
             break
@@ -126,6 +135,32 @@ def test_the_longest_measured_plateaus_are_not_cut_at_the_study_patience() -> No
         assert first_stop(slow, 200) == (280, 60)
 
 
+# SeedNorm seed 4 at builtin-cpu's settings, validated every 20 (stall_rule-2026-11-27b.json):
+# at or near the level from step 60 to 420 (5.951 at 120, 5.909 at 420), then learning to
+# 5.767, 0.18 under the level: not stalled at its end
+LATEST_SEEDNORM = [(0, 6.934), (20, 6.274), (40, 6.129), (60, 6.022), (80, 6.009), (100, 6.008),
+                   (120, 5.951), (140, 5.985), (160, 5.963), (180, 5.959), (200, 5.986),
+                   (220, 5.97), (240, 5.963), (260, 5.968), (280, 5.986), (300, 5.986),
+                   (320, 5.974), (340, 5.958), (360, 5.937), (380, 5.919), (400, 5.906),
+                   (420, 5.909), (440, 5.88), (460, 5.839), (480, 5.801), (500, 5.767)]
+
+
+def test_the_stop_looks_every_100_steps_in_studies() -> None:
+    """Looking at every validation of a run validated every 20 steps, the stop cuts SeedNorm's
+    seed 4 at step 420 (from 120, a low point of the noise); looking only at multiples of
+    ``STUDY_STOP_STALLED_EVERY``, as studies do, it does not, while a true stall validated
+    every 20 still stops at the same step as one validated every 100."""
+    assert first_stop(LATEST_SEEDNORM, STUDY_STOP_STALLED_AFTER) == (420, 120)
+    assert first_stop(LATEST_SEEDNORM, STUDY_STOP_STALLED_AFTER,
+                      every=STUDY_STOP_STALLED_EVERY) is None
+    dense_stall = [(s, 6.95 if s == 0 else 5.946 + 0.002 * (s % 40 == 0))
+                   for s in range(0, 501, 20)]
+    assert first_stop(dense_stall, STUDY_STOP_STALLED_AFTER) == (360, 60)  # after warm-up
+    assert first_stop(dense_stall, STUDY_STOP_STALLED_AFTER,
+                      every=STUDY_STOP_STALLED_EVERY) == first_stop(
+        STALL, STUDY_STOP_STALLED_AFTER) == (400, 100)
+
+
 def test_a_planted_stall_stops_with_its_step() -> None:
     stop = first_stop(STALL, STUDY_STOP_STALLED_AFTER)
     assert stop is not None and stop[1] == 100
@@ -149,6 +184,13 @@ def test_the_trainer_stops_a_stalled_run(tmp_path: Path) -> None:
     assert [r["step"] for r in recs if r["kind"] == "val"] == [0, 10, 20, 30, 40, 50]
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] == 50
     assert json.loads((out / "summary.json").read_text()) == s
+    # looking every 30 steps: the stall counts from step 30, the first look after warm-up,
+    # and the run stops at the first look 40 steps on (step 90), validated every 10 meanwhile
+    out = tmp_path / "looks"
+    s = train(tiny(STALL_METHOD, 0, 120, "train.stop_stalled_after=40",
+                   "train.stop_stalled_every=30"), out, progress=False)
+    assert (s["status"], s["stalled_at_step"], s["steps"]) == ("stalled", 30, 90)
+    assert [r["step"] for r in read_metrics(out) if r["kind"] == "val"] == list(range(0, 91, 10))
 
 
 # the tiny baseline of the test below, as it trained (unigram level 5.286): at the level
@@ -206,6 +248,23 @@ def test_the_key_in_configs_and_study_keys(tmp_path: Path) -> None:
         off_other = from_dict(off.to_dict())
         off_other.train.stop_stalled_margin = 0.3
         assert config_key(off) == config_key(off_other)
+    # the stop's looks: studies look every 100 steps; where every validation is a look anyway
+    # (builtin-cpu validates every 100) the key is hashed as before it existed, so stores keep
+    # their runs; validated every 20, the runs differ from those that looked at every one
+    assert {r.config.train.stop_stalled_every for r in runs} == {STUDY_STOP_STALLED_EVERY}
+    for r in runs[:2]:
+        before = from_dict(r.config.to_dict())
+        before.train.stop_stalled_every = None
+        assert config_key(before) == r.key
+        dense, dense_before = from_dict(r.config.to_dict()), from_dict(before.to_dict())
+        dense.train.eval_every = dense_before.train.eval_every = 20
+        assert config_key(dense) != config_key(dense_before)
+        off, off_every = from_dict(before.to_dict()), from_dict(dense.to_dict())
+        off.train.stop_stalled_after = off_every.train.stop_stalled_after = None
+        off.train.eval_every = 20
+        assert config_key(off) == config_key(off_every)
+    with pytest.raises(ModbenchError, match=r"train\.stop_stalled_every"):
+        resolve("tiny", overrides=["train.stop_stalled_every=0"])
     tree = runs[0].config.to_dict()
     del tree["train"]["stop_stalled_margin"]  # a config.yaml from before the key
     assert from_dict(tree).train.stop_stalled_margin == 0.05

@@ -441,6 +441,9 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     # runs stopped at 0.1 keep their key only where 0.1 is asked (the default 0.05 trains
     # them again); a run without the stop never reads it (config_key drops it)
     ("train", "stop_stalled_margin"): 0.1,
+    # the stop's looks (every validation before the key): where every validation is a look
+    # anyway (eval_every a multiple of it, or no validation) config_key hashes it as before
+    ("train", "stop_stalled_every"): None,
     ("recipe", "muon_momentum"): 0.95,
     ("recipe", "muon_nesterov"): True,
     ("recipe", "muon_ns_steps"): 5,
@@ -465,10 +468,14 @@ def config_key(cfg: RunConfig) -> str:
 
         if not reads_train_seq_len(cfg.model):
             d["model"]["train_seq_len"] = None
-    if d["train"].get("stop_stalled_after") is None:
-        d["train"].pop("stop_stalled_margin", None)
+    tr = d["train"]
+    if tr.get("stop_stalled_after") is None:
+        tr.pop("stop_stalled_margin", None)
+        tr.pop("stop_stalled_every", None)
+    elif tr.get("stop_stalled_every") and tr.get("eval_every", 0) % tr["stop_stalled_every"] == 0:
+        tr["stop_stalled_every"] = None  # every validation is a look: the runs as before the key
     for (section, key), default in _NEW_KEY_DEFAULTS.items():
-        if d[section].get(key) == default:
+        if key in d[section] and d[section][key] == default:
             del d[section][key]
     for dotted, hashed_as in EXECUTION_KEYS.items():
         section, key = dotted.split(".")
@@ -536,6 +543,11 @@ def unique_runs(runs: Iterable[RunSpec]) -> list[RunSpec]:
 #: margin; 200, the patience before, cut both)
 STUDY_STOP_STALLED_AFTER = 300
 
+#: ``train.stop_stalled_every`` in every study run: the stop looks at the validations at
+#: multiples of 100 steps only, the cadence at which its false-stop rate was measured at 0
+#: (benchmarks/stall_rule.py; looking every 20 steps cut a run that learned on)
+STUDY_STOP_STALLED_EVERY = 100
+
 
 def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
     """The run of ``method`` at ``scale`` with init seed ``seed`` under the spec's settings
@@ -544,7 +556,8 @@ def run_spec(spec: StudySpec, scale: str, method: str, seed: int) -> RunSpec:
     overrides = [f"data.source={spec.data.source}", f"data.data_seed={data_seed}",
                  f"data.probe_mix={spec.data.probe_mix}",
                  f"data.probe_loss={spec.data.probe_loss}",
-                 f"train.stop_stalled_after={STUDY_STOP_STALLED_AFTER}", *spec.overrides]
+                 f"train.stop_stalled_after={STUDY_STOP_STALLED_AFTER}",
+                 f"train.stop_stalled_every={STUDY_STOP_STALLED_EVERY}", *spec.overrides]
     cfg = resolve(scale, recipe=spec.recipe, method=method, seed=seed, overrides=overrides)
     plan_run(cfg)  # unknown or conflicting methods, and recipes that clash, fail now
     return RunSpec(config_key(cfg), scale, method, seed, cfg)

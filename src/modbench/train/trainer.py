@@ -900,10 +900,16 @@ def stop_stalled_at(cfg: RunConfig, vals: Sequence[tuple[int, float | None]], le
     unigram ``level`` since (:func:`modbench.runtime.stall.stalled_at` over the points so
     far, with the patience as its least stretch ``done - s`` in steps, no fraction of the
     schedule, and ``train.stop_stalled_margin`` as the margin), or None: go on (also when the
-    key is null)."""
+    key is null). With ``train.stop_stalled_every`` the rule looks only at the validations at
+    multiples of it: at the others it says go on, and it reads only those points."""
     tc = cfg.train
     if tc.stop_stalled_after is None:
         return None
+    every = tc.stop_stalled_every
+    if every:
+        if done % every:
+            return None
+        vals = [(s, v) for s, v in vals if s % every == 0]
     return stalled_at(vals, level, steps=done, warmup=cfg.recipe.warmup_for(tc.steps),
                       margin=tc.stop_stalled_margin, patience=0.0,
                       min_steps=tc.stop_stalled_after)
