@@ -304,11 +304,12 @@ class TrainConfig:
     # (Sandwich-LN, CRMSNorm at builtin-cpu's settings) were cut; stalled runs sit within 0.01
     # of it. 0: never stop
     stop_stalled_margin: float = 0.05
-    # the validations the stop looks at: those at multiples of this many steps (None: every
-    # validation). Each look is one more chance to cut a run that would have learned on: at
-    # builtin-cpu's settings, looking every 20 steps cut SeedNorm (seed 4, at the level from
-    # step 60 to 420) where looking every 100 cut none of 96 runs (benchmarks/stall_rule.py);
-    # studies set 100 (modbench.study.spec.STUDY_STOP_STALLED_EVERY)
+    # the validations the stop looks at: the first, then each at least this many steps after
+    # the last one looked at (None: every validation). Each look is one more chance to cut a
+    # run that would have learned on: at builtin-cpu's settings, looking every 20 steps cut
+    # SeedNorm (seed 4, at the level from step 60 to 420) where looking every 100 cut none
+    # (0 of 15 stops over 96 runs: benchmarks/stall_rule.py); studies set 100
+    # (modbench.study.spec.STUDY_STOP_STALLED_EVERY)
     stop_stalled_every: int | None = None
 
     def logs(self, done: int) -> bool:

@@ -20,7 +20,7 @@ from modbench.study.spec import (
     expand,
     load_spec,
 )
-from modbench.train.trainer import stop_stalled_at, train
+from modbench.train.trainer import stop_looks, stop_stalled_at, train
 from tests.helpers import read_metrics, tiny
 
 STALL_METHOD = "layerscale(init=-1e30)"  # saturated residual scales: every gradient is zero
@@ -159,6 +159,16 @@ def test_the_stop_looks_every_100_steps_in_studies() -> None:
     assert first_stop(dense_stall, STUDY_STOP_STALLED_AFTER,
                       every=STUDY_STOP_STALLED_EVERY) == first_stop(
         STALL, STUDY_STOP_STALLED_AFTER) == (400, 100)
+
+
+def test_the_looks_are_at_least_every_apart_whatever_the_cadence() -> None:
+    def looked(cadence: int) -> list[int]:
+        vals = [(s, 6.0) for s in range(0, 501, cadence)]
+        return [s for s, _ in stop_looks(vals, STUDY_STOP_STALLED_EVERY)]
+
+    assert looked(20) == looked(100) == [0, 100, 200, 300, 400, 500]
+    assert looked(16) == [0, 112, 224, 336, 448]  # the first validation 100 steps on
+    assert looked(250) == [0, 250, 500]  # sparser validations: each one is a look
 
 
 def test_a_planted_stall_stops_with_its_step() -> None:

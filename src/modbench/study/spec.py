@@ -442,7 +442,8 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     # them again); a run without the stop never reads it (config_key drops it)
     ("train", "stop_stalled_margin"): 0.1,
     # the stop's looks (every validation before the key): where every validation is a look
-    # anyway (eval_every a multiple of it, or no validation) config_key hashes it as before
+    # anyway (validations at least that far apart, or none), or the run is no longer than the
+    # patience, config_key hashes it as before
     ("train", "stop_stalled_every"): None,
     ("recipe", "muon_momentum"): 0.95,
     ("recipe", "muon_nesterov"): True,
@@ -472,8 +473,12 @@ def config_key(cfg: RunConfig) -> str:
     if tr.get("stop_stalled_after") is None:
         tr.pop("stop_stalled_margin", None)
         tr.pop("stop_stalled_every", None)
-    elif tr.get("stop_stalled_every") and tr.get("eval_every", 0) % tr["stop_stalled_every"] == 0:
-        tr["stop_stalled_every"] = None  # every validation is a look: the runs as before the key
+    elif tr.get("stop_stalled_every") and (
+            not 0 < tr.get("eval_every", 0) < tr["stop_stalled_every"]
+            or tr.get("steps", 0) <= tr["stop_stalled_after"]):
+        # every validation is a look (validations that far apart, or none), or the run is too
+        # short for the stop to fire: the same runs as before the key
+        tr["stop_stalled_every"] = None
     for (section, key), default in _NEW_KEY_DEFAULTS.items():
         if key in d[section] and d[section][key] == default:
             del d[section][key]
@@ -543,8 +548,8 @@ def unique_runs(runs: Iterable[RunSpec]) -> list[RunSpec]:
 #: margin; 200, the patience before, cut both)
 STUDY_STOP_STALLED_AFTER = 300
 
-#: ``train.stop_stalled_every`` in every study run: the stop looks at the validations at
-#: multiples of 100 steps only, the cadence at which its false-stop rate was measured at 0
+#: ``train.stop_stalled_every`` in every study run: the stop looks at validations at least
+#: 100 steps apart, the cadence at which its false-stop rate was measured at 0
 #: (benchmarks/stall_rule.py; looking every 20 steps cut a run that learned on)
 STUDY_STOP_STALLED_EVERY = 100
 

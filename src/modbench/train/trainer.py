@@ -900,19 +900,30 @@ def stop_stalled_at(cfg: RunConfig, vals: Sequence[tuple[int, float | None]], le
     unigram ``level`` since (:func:`modbench.runtime.stall.stalled_at` over the points so
     far, with the patience as its least stretch ``done - s`` in steps, no fraction of the
     schedule, and ``train.stop_stalled_margin`` as the margin), or None: go on (also when the
-    key is null). With ``train.stop_stalled_every`` the rule looks only at the validations at
-    multiples of it: at the others it says go on, and it reads only those points."""
+    key is null). With ``train.stop_stalled_every`` the rule looks only at some validations,
+    each at least that many steps after the one before (from step 0, as close to it as the
+    validation cadence allows): at the others it says go on, and it reads only those points."""
     tc = cfg.train
     if tc.stop_stalled_after is None:
         return None
-    every = tc.stop_stalled_every
-    if every:
-        if done % every:
+    if tc.stop_stalled_every:
+        vals = stop_looks(vals, tc.stop_stalled_every)
+        if not vals or vals[-1][0] != done:
             return None
-        vals = [(s, v) for s, v in vals if s % every == 0]
     return stalled_at(vals, level, steps=done, warmup=cfg.recipe.warmup_for(tc.steps),
                       margin=tc.stop_stalled_margin, patience=0.0,
                       min_steps=tc.stop_stalled_after)
+
+
+def stop_looks(vals: Sequence[tuple[int, float | None]],
+               every: int) -> list[tuple[int, float | None]]:
+    """The validation points the stall stop looks at under ``train.stop_stalled_every``: the
+    first, then each one at least ``every`` steps after the last one looked at."""
+    looks: list[tuple[int, float | None]] = []
+    for s, v in vals:
+        if not looks or s - looks[-1][0] >= every:
+            looks.append((s, v))
+    return looks
 
 
 def _every(k: int, done: int) -> bool:
