@@ -125,7 +125,8 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
     """The curves of a finished study's runs that trained to their planned end (none stopped
     early, none diverged), for the replay at the cadence they were validated at
     (``train.eval_every``): a full-length study's stalled runs are the stop's events at the
-    study's own cadence. The case is the spec's name."""
+    study's own cadence. The case is the spec's name, with the run's preset after a ``/`` where
+    the study trained more than one (a ladder's rungs are separate curves)."""
     import yaml
 
     spec_file = folder / "spec.yaml"
@@ -143,8 +144,12 @@ def study_curves(folder: Path) -> list[dict[str, Any]]:
                 or summary.get("steps") != summary.get("steps_planned")
                 or summary.get("unigram_loss") is None):
             continue
-        runs.append(curve_record(name, summary["method"], summary["seed"], cfg, summary,
-                                 val_points(read_metrics(run)), cfg.train.eval_every))
+        runs.append(curve_record(summary.get("preset") or "", summary["method"],
+                                 summary["seed"], cfg, summary, val_points(read_metrics(run)),
+                                 cfg.train.eval_every))
+    several = len({r["case"] for r in runs}) > 1
+    for r in runs:
+        r["case"] = f"{name}/{r['case']}" if several else name
     return runs
 
 
@@ -212,10 +217,12 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
 def longest_plateau(runs: list[dict[str, Any]], margin: float) -> str:
     """The longest stretch (last minus first step of consecutive validations after warm-up,
     each at the unigram level within ``margin`` or above it) of a run that was not stalled at
-    its end: the stop may not fire inside such a stretch, so the patience must exceed it."""
+    its end: the stop may not fire inside such a stretch, so the patience must exceed it. A run
+    shorter than the end-of-run rule's ``min_steps`` is never called stalled, so it is left
+    out: whether it learned on is not known."""
     best: tuple[int, str] | None = None
     for r in runs:
-        if r["final_val_loss"] is None or stalled_at_end(r):
+        if r["final_val_loss"] is None or r["steps"] < r["min_steps"] or stalled_at_end(r):
             continue
         start = None
         for s, v in r["vals"]:

@@ -89,3 +89,6 @@ def test_the_longest_plateau_is_that_of_a_run_that_learned_on() -> None:
     # a tighter margin ends the stretch at the first point more than it below the level
     assert "40 steps (late/m/s0, 20–60)" in bench.longest_plateau([late], 0.02)
     assert bench.longest_plateau([stall], 0.05).startswith("no run that learned on")
+    # a run shorter than the end-of-run rule's min_steps is never called stalled: left out
+    short = {**late, "steps": 80, "vals": [(s, v) for s, v in late["vals"] if s <= 80]}
+    assert bench.longest_plateau([short], 0.05).startswith("no run that learned on")
