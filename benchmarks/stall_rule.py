@@ -214,6 +214,23 @@ def replay(runs: list[dict[str, Any]], patiences: list[int], every: int,
     return "\n".join(lines)
 
 
+def level_spans(run: dict[str, Any], margin: float) -> list[tuple[int, int]]:
+    """The stretches (first and last step) of consecutive validations after warm-up at the
+    unigram level within ``margin`` or above it."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for s, v in run["vals"]:
+        if s > run["warmup"] and v is not None and v >= run["level"] - margin:
+            start = s if start is None else start
+            if spans and spans[-1][0] == start:
+                spans[-1] = (start, s)
+            else:
+                spans.append((start, s))
+        else:
+            start = None
+    return spans
+
+
 def longest_plateau(runs: list[dict[str, Any]], margin: float) -> str:
     """The longest stretch (last minus first step of consecutive validations after warm-up,
     each at the unigram level within ``margin`` or above it) of a run that was not stalled at
@@ -224,14 +241,9 @@ def longest_plateau(runs: list[dict[str, Any]], margin: float) -> str:
     for r in runs:
         if r["final_val_loss"] is None or r["steps"] < r["min_steps"] or stalled_at_end(r):
             continue
-        start = None
-        for s, v in r["vals"]:
-            if s > r["warmup"] and v is not None and v >= r["level"] - margin:
-                start = s if start is None else start
-                if best is None or s - start > best[0]:
-                    best = (s - start, f"{r['case']}/{r['method']}/s{r['seed']}, {start}–{s}")
-            else:
-                start = None
+        for first, last in level_spans(r, margin):
+            if best is None or last - first > best[0]:
+                best = (last - first, f"{r['case']}/{r['method']}/s{r['seed']}, {first}–{last}")
     if best is None:
         return "no run that learned on sat at the level after warm-up"
     return (f"longest stretch at the level (within {margin} or above it) of a run that learned "
@@ -247,16 +259,7 @@ def curves_table(runs: list[dict[str, Any]]) -> str:
     lines = ["| case | method | seed | status | final | unigram | validations at the level "
              "(within the margin) after warm-up | CPU s |", "|---|---|---:|---|---:|---:|---|---:|"]
     for r in runs:
-        lo = r["level"] - r["margin"]
-        at = [s for s, v in r["vals"] if s > r["warmup"] and v is not None and v >= lo]
-        spans: list[list[int]] = []  # runs of consecutive validations, as first–last
-        steps = [s for s, _ in r["vals"]]
-        for s in at:
-            if spans and steps.index(s) == steps.index(spans[-1][-1]) + 1:
-                spans[-1].append(s)
-            else:
-                spans.append([s])
-        shown = ", ".join(f"{x[0]}–{x[-1]}" if len(x) > 1 else str(x[0]) for x in spans)
+        shown = ", ".join(f"{a}–{b}" if b > a else str(a) for a, b in level_spans(r, r["margin"]))
         lines.append(f"| {r['case']} | `{r['method']}` | {r['seed']} | {r['status']} | "
                      f"{loss(r['final_val_loss'])} | {r['level']:.3f} | {shown or '–'} | "
                      f"{r['cpu_s'] if r['cpu_s'] is not None else '–'} |")

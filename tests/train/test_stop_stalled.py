@@ -147,9 +147,9 @@ LATEST_SEEDNORM = [(0, 6.934), (20, 6.274), (40, 6.129), (60, 6.022), (80, 6.009
 
 def test_the_stop_looks_every_100_steps_in_studies() -> None:
     """Looking at every validation of a run validated every 20 steps, the stop cuts SeedNorm's
-    seed 4 at step 420 (from 120, a low point of the noise); looking only at multiples of
-    ``STUDY_STOP_STALLED_EVERY``, as studies do, it does not, while a true stall validated
-    every 20 still stops at the same step as one validated every 100."""
+    seed 4 at step 420 (from 120, a low point of the noise); looking only at validations
+    ``STUDY_STOP_STALLED_EVERY`` steps apart, as studies do, it does not, while a true stall
+    validated every 20 still stops at the same step as one validated every 100."""
     assert first_stop(LATEST_SEEDNORM, STUDY_STOP_STALLED_AFTER) == (420, 120)
     assert first_stop(LATEST_SEEDNORM, STUDY_STOP_STALLED_AFTER,
                       every=STUDY_STOP_STALLED_EVERY) is None
