@@ -146,7 +146,8 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 
 REGISTRY: dict[str, type[Method]] = {}
-NOT_METHODS = ("base", "build", "catalog")  # modules of this package that define no method
+# modules of this package that define no method
+NOT_METHODS = ("base", "build", "catalog", "plugins")
 _loaded = False
 
 
@@ -156,14 +157,26 @@ def register(cls: type[Method]) -> type[Method]:
         raise ValueError(f"method name {cls.name!r} must be lower_snake_case")
     if cls.category not in CATEGORIES:
         raise ValueError(f"method {cls.name}: category must be one of {CATEGORIES}")
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise ValueError(f"method {cls.name!r} is registered twice")
+    existing = REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        from modbench.methods.plugins import check_registration
+
+        # an outside method taking a built-in's or another plugin's name: a one-line error
+        if not check_registration(cls.name, cls, existing):
+            raise ValueError(f"method {cls.name!r} is registered twice")
     REGISTRY[cls.name] = cls
+    if not cls.__module__.startswith(f"{__package__}."):
+        from modbench.methods.plugins import record_origin
+
+        record_origin(cls.name, cls)  # where it came from, and its code's hash
     return cls
 
 
 def load_all() -> dict[str, type[Method]]:
-    """Import every module of ``modbench.methods`` (each registers its methods)."""
+    """Import every module of ``modbench.methods`` (each registers its methods), then the
+    plugins asked for outside the package: installed ``modbench.methods`` entry points and
+    ``MODBENCH_METHODS_FROM`` (:mod:`modbench.methods.plugins`; a command's
+    ``--methods-from`` loads its own through :func:`~modbench.methods.plugins.load_plugins`)."""
     global _loaded
     if not _loaded:
         import modbench.methods as pkg
@@ -172,6 +185,10 @@ def load_all() -> dict[str, type[Method]]:
             if not mod.name.startswith("_") and mod.name not in NOT_METHODS:
                 importlib.import_module(f"modbench.methods.{mod.name}")
         _loaded = True
+    from modbench.methods import plugins
+
+    plugins.load_entry_points()
+    plugins.load_from_env()
     return REGISTRY
 
 
@@ -220,9 +237,11 @@ def _parse(text: str) -> list[Method]:
         if name == "baseline":
             raise ModbenchError("'baseline' means no method and cannot be combined with others")
         if name not in registry:
+            from modbench.methods.plugins import unknown_method_hint
+
             raise ModbenchError(
                 f"unknown method '{name}'{suggest(name, registry)}; "
-                "run `modbench methods` to list them"
+                f"run `modbench methods` to list them{unknown_method_hint(name)}"
             )
         if any(x.name == name for x in methods):
             raise ModbenchError(f"method '{name}' is listed twice in {text!r}")
