@@ -22,6 +22,7 @@ import typer
 from modbench.errors import ModbenchError
 from modbench.helptext import tidy_help
 from modbench.interrupts import note_interrupts, parsed
+from modbench.methods.options import MethodsFrom, use_plugins
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # usage or input error: one line on stderr
@@ -55,31 +56,68 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
-@app.command()
+methods_app = typer.Typer(
+    help="List, check and scaffold methods.\n\nExample: modbench methods --methods-from "
+    "./mylab/methods.py",
+    invoke_without_command=True)
+app.add_typer(methods_app, name="methods")
+
+
+@methods_app.callback()
 def methods(
+    ctx: typer.Context,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print JSON: every field, the citation and recipe exceptions too.")
     ] = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
-    """List the registered methods: name, category, summary, options with their defaults.
+    """List the registered methods: name, category, summary, options with their defaults;
+    `modbench methods check NAME` runs the conformance kit on one, `modbench methods new NAME`
+    writes a template.
 
     On a terminal a table fitted to its width; piped, a header and one line per method (name,
-    category, summary), its options and notes on indented lines below. Read from the method
-    catalog, without importing torch.
+    category, summary), its options and notes on indented lines below. The built-in methods
+    are read from the method catalog, without importing torch; methods from outside the
+    package (--methods-from, MODBENCH_METHODS_FROM, installed entry points) are listed after
+    them with where they came from.
 
     Example: modbench methods --json
+
+    Example: modbench methods --methods-from ./mylab/methods.py
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from modbench.methods.catalog import REWRITE, method_rows
+    from modbench.methods.plugins import plugins_requested
 
     rows, current = method_rows()
     if not current:
         typer.echo(f"note: the method catalog is out of date, so the registry was loaded "
                    f"(slower); `{REWRITE}` rewrites it", err=True)
+    if plugins_requested(methods_from or []):
+        rows = rows + outside_rows(methods_from or [])
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     _echo_table(METHOD_COLUMNS, method_table(rows), wrap=(2,))
     typer.echo(RECIPE_OPTIONS_NOTE)
+
+
+def outside_rows(methods_from: list[str]) -> list[dict[str, Any]]:
+    """The info rows of the methods from outside the package (plugins named here, in
+    MODBENCH_METHODS_FROM or installed as entry points), each with its ``origin``."""
+    from modbench.methods.base import load_all
+    from modbench.methods.plugins import is_builtin, origin
+
+    use_plugins(methods_from)
+    rows = []
+    for name, cls in sorted(load_all().items()):
+        if not is_builtin(cls):
+            info = json.loads(json.dumps(cls.info(), default=str))
+            rec = origin(name)
+            info["origin"] = {k: v for k, v in rec.items() if k != "files"}
+            rows.append(info)
+    return rows
 
 
 # training methods that are recipe options, not architectures (docs/config.md)
@@ -107,6 +145,10 @@ def method_table(rows: list[dict[str, Any]]) -> list[list[str]]:
                      "leak into earlier outputs)")
         if r.get("compile_graph_breaks"):
             text += f"\nnote: torch.compile breaks its graph: {r['compile_graph_breaks']}"
+        if r.get("origin"):
+            o = r["origin"]
+            text += (f"\nfrom: {o.get('plugin') or o.get('module')} (sha256 "
+                     f"{str(o.get('sha256', '?'))[:12]})")
         table.append([r["name"], r["category"], text])
     return table
 
@@ -195,6 +237,7 @@ def flops(
     seq_len: Annotated[int | None, typer.Option(
         help="Tokens per sequence (default: the preset's training length).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Parameters and training FLOPs per token, counted analytically (arXiv 2605.20798 Appendix C:
     matrix multiplications, full T x T attention, training = 3 x forward).
@@ -204,11 +247,14 @@ def flops(
     from modbench.analysis import flop_report
     from modbench.config import resolve
     from modbench.methods import load_all
+    from modbench.methods.build import plan_run
 
+    use_plugins(methods_from)
     names = list(method) if method else ["baseline", *sorted(load_all())]
     rows = []
     for name in names:
         cfg = resolve(preset, method=name)
+        plan_run(cfg)  # the method string checked as `train` checks it (slots, options)
         t = seq_len if seq_len is not None else cfg.train.seq_len
         rows.append(flop_report(cfg.model, t).as_dict())
     if as_json:
@@ -245,6 +291,7 @@ def plan_command(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print JSON: one object per (preset, method), every plan field.")]
     = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """GPU memory of a training process, term by term (fp32 weights, gradients, optimizer
     state; activations and loss traced from the real model without memory; validation), and
@@ -258,10 +305,12 @@ def plan_command(
     """
     from modbench.analysis.plan import gb, plan_or_needs
     from modbench.config import apply_override, resolve
+    from modbench.methods.build import plan_run
     from modbench.runtime.gpus import lookup
     from modbench.train.recompute import apply_activation_checkpointing
 
     try:
+        use_plugins(methods_from)
         device = lookup(gpu)
         cases: list[Any] = []
         if spec is not None:
@@ -277,7 +326,9 @@ def plan_command(
         else:
             for p in preset or ["cpu-small"]:
                 for m in method or ["baseline"]:
-                    cases.append(resolve(p, method=m, overrides=list(set_ or [])))
+                    cfg = resolve(p, method=m, overrides=list(set_ or []))
+                    plan_run(cfg)  # the method string checked as `train` checks it
+                    cases.append(cfg)
         plans = [plan_or_needs(cfg, device, micro_batch=micro_batch, nproc=nproc,
                                parallel=parallel or cfg.train.parallel, ensembles=ensembles,
                                checkpointing=apply_activation_checkpointing)
@@ -356,6 +407,7 @@ def bench(
         help="--compile-check: only with (--checkpointing) or only without "
              "(--no-checkpointing) activation checkpointing [default: both].",
         show_default=False)] = None,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Train-step speed, measured side by side in one process: the modbench baseline against
     Hugging Face's LlamaForCausalLM of the same shape (tokens/s and their ratio), and each
@@ -376,6 +428,7 @@ def bench(
     from modbench.methods import load_all
     from modbench.methods.base import split_top
 
+    use_plugins(methods_from)
     if methods == "all" or (compile_check and not methods):
         names: list[str] | None = ["baseline", *sorted(load_all())]
     elif methods:
@@ -444,6 +497,7 @@ def diagnose(
         help="torch CPU threads (0: the run's train.threads, else torch's default; 1 is "
              "fastest on a busy machine).")] = 0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Diagnose a trained run with hooks on its layers: residual-stream growth, angular
     distance and loss when each layer is skipped, attention/FFN share of the update, gradient
@@ -460,6 +514,7 @@ def diagnose(
     from modbench.report.diagnostics import diagnose as run_diagnose
     from modbench.runtime.lock import FolderLock
 
+    use_plugins(methods_from)
     check_run_folder(Path(run_dir))
     with FolderLock(out or Path(run_dir) / DIAGNOSTICS_DIR, "modbench diagnose"):
         d = run_diagnose(run_dir, batches=batches, out=out, threads=threads, progress=progress)
@@ -508,6 +563,7 @@ def remove_norm(
     device: Annotated[str, typer.Option(help="GPT-2 only: auto | cpu | cuda | cuda:N.")]
     = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Remove every normalization by fine-tuning (Heimersheim 2024; Baroni et al. 2025): each
     norm's statistic is frozen to its moving average, layer by layer on the published
@@ -522,6 +578,7 @@ def remove_norm(
     from modbench.remove_norm import remove_norm as run_remove_norm
     from modbench.runtime.lock import FolderLock
 
+    use_plugins(methods_from)
     with FolderLock(out, "modbench remove-norm", beside=True):  # one writer of --out
         o = run_remove_norm(source, out, steps=steps, batch_size=batch_size, lr=lr,
                             aux_weight=aux_weight, diagnostics_batches=diagnostics_batches,

@@ -481,6 +481,9 @@ class StudyResults:
     # the spec's data.order: "fixed" (every run sees one batch sequence) or "per_seed" (runs
     # of one init seed see one sequence); the report checks the runs' batch hashes against it
     data_order: str = "fixed"
+    # runs left out because the code of an outside method they used differs from the code
+    # loaded now: run label -> what changed (modbench.study.results.code_changes)
+    code_changed: dict[str, str] = field(default_factory=dict)
 
     def flops_of(self, scale: str, method: str) -> MethodFlops | None:
         return self.flops.get(scale, {}).get(method)

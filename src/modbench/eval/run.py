@@ -46,6 +46,9 @@ def check_run_folder(run_dir: Path) -> None:
         raise ModbenchError(f"{run_dir} has no checkpoint ({CHECKPOINT}); let its training "
                             "finish (or resume it with `modbench train --out RUN --resume`) "
                             "first")
+    from modbench.methods.plugins import check_recorded
+
+    check_recorded(run_dir, "use it")  # its outside methods loaded, with the code it trained
 
 
 def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, torch.nn.Module,

@@ -147,7 +147,7 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 REGISTRY: dict[str, type[Method]] = {}
 # modules of this package that define no method
-NOT_METHODS = ("base", "build", "catalog", "plugins")
+NOT_METHODS = ("base", "build", "catalog", "options", "plugins")
 _loaded = False
 
 

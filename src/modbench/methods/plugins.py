@@ -542,3 +542,39 @@ def stale_methods(recorded: dict[str, Any]) -> dict[str, str]:
                              if now.get("files", {}).get(k) != rec.get("files", {}).get(k))
             out[name] = "code changed" + (f" ({', '.join(changed)})" if changed else "")
     return out
+
+
+def recorded_origins(run: Path) -> dict[str, Any]:
+    """The method origins a run folder recorded (``config.yaml``'s ``meta.methods``; ``{}``
+    for a run from before they were recorded, or an unreadable file)."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    meta = tree.get("meta") if isinstance(tree, dict) else None
+    found = meta.get("methods") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def check_recorded(run: Path, doing: str) -> None:
+    """Refuse, in one line, to use a run folder whose outside methods are not loaded (naming
+    the plugin each was recorded from and the option that loads it) or whose loaded code
+    differs from the code the run trained with. ``doing``: what was asked (for the message)."""
+    from modbench.methods.base import load_all
+
+    recorded = recorded_origins(run)
+    registry = load_all()
+    for name, rec in sorted(recorded.items()):
+        if not isinstance(rec, dict) or rec.get("origin") in (None, "builtin"):
+            continue
+        if name not in registry:
+            raise ModbenchError(f"run {run} uses method '{name}', which is not loaded"
+                                f"{unknown_method_hint(name, rec)}")
+    stale = stale_methods(recorded)
+    if stale:
+        name, why = sorted(stale.items())[0]
+        raise ModbenchError(f"run {run} trained method '{name}' with other code than is loaded "
+                            f"now ({why}); to {doing} load the code it trained with, or train "
+                            "a new run")

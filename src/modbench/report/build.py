@@ -276,6 +276,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
                    "far from convergence; verdicts at this budget may not hold for full-length "
                    "runs.")
     out += _data_warnings(results)
+    out += [f"{label} is left out of the verdicts: it was trained with other code than is "
+            f"loaded now ({why})" for label, why in sorted(results.code_changed.items())]
     budget = _few_tokens(rows, results.baseline)
     if budget:
         out.append("The baseline trained on few tokens per parameter (rule: fewer than "

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from modbench.methods.options import MethodsFrom, use_plugins
+
 if TYPE_CHECKING:
     from modbench.analysis.power import SeedPlan
     from modbench.study.plan import Throughput
@@ -108,6 +110,7 @@ def run(
     mfu: Annotated[float | None, typer.Option(
         help="Model FLOPs utilisation the estimate assumes (default: 0.30). Example: --mfu "
              "0.4.", rich_help_panel=_DRY)] = None,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Train and evaluate every run of a study that is not done yet (a killed study resumes
     by running the same command), on this machine, on Ray or on SLURM.
@@ -122,6 +125,7 @@ def run(
     from modbench.study.spec import load_spec
 
     s = load_spec(spec)
+    s.methods_from = _with_plugins(s.methods_from, methods_from)
     folder = out or Path("studies") / s.name
     options = ExecutorOptions(  # by flag name: the executor's kind reads the ones it takes
         gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run, ray_address=ray_address,
@@ -161,15 +165,28 @@ def run(
         raise typer.Exit(1)
 
 
+def _with_plugins(recorded: list[str], given: list[str] | None) -> list[str]:
+    """A spec's plugins and those ``--methods-from`` adds (loaded now, recorded absolute in
+    the study folder's spec.yaml, so `status` and `report` load them without the flag)."""
+    if not given:
+        return recorded
+    from modbench.methods.plugins import load_plugins
+
+    return list(dict.fromkeys([*recorded, *(p.ref for p in load_plugins(given))]))
+
+
 @study_app.command("status")
-def status(folder: Annotated[Path, typer.Argument(help="A study folder.")]) -> None:
+def status(folder: Annotated[Path, typer.Argument(help="A study folder.")],
+           methods_from: MethodsFrom = None) -> None:
     """Show the progress of a study: every run and its state (a tuned study's tuning and
-    tuned stages after the frozen study, each from its own folder).
+    tuned stages after the frozen study, each from its own folder). A run whose outside
+    method's code changed since it trained is named (the report leaves it out).
 
     Example: modbench study status studies/builtin-cpu
     """
     from modbench.report.tuning import TUNED_DIR, TUNING_DIR
 
+    use_plugins(methods_from)
     _status_rows(folder)
     key = _tuning_key(folder)
     for stage in (TUNING_DIR, TUNED_DIR):
@@ -214,6 +231,9 @@ def _status_rows(folder: Path, key: str | None = None) -> None:
     for r in rows:  # a killed study leaves its claimed run "running" until the next `run`
         if r["state"] == "running" and worker_gone(r.get("worker")):
             r["state"] = "interrupted"
+    changed = _code_changes(folder, rows)
+    current = {(r["scale"], r["method"], r["seed"]) for r in rows
+               if r["key"] not in changed and r["state"] == "done"}
     counts = group_rows(rows)
     typer.echo(f"{folder}: {len(rows)} runs — " + ", ".join(
         f"{v} {k}" for k, v in sorted(counts.items())))
@@ -229,9 +249,38 @@ def _status_rows(folder: Path, key: str | None = None) -> None:
             extra = (r["error"] or "").strip().splitlines()[-1][:80] if r["error"] else ""
         if r["state"] == "interrupted":
             extra = "its worker is gone; run `modbench study run` again to resume it"
+        if r["key"] in changed:
+            again = ("replaced by a run with the loaded code"
+                     if (r["scale"], r["method"], r["seed"]) in current
+                     else "`study run` trains it again")
+            extra = (f"{extra}  " if extra else "") + (
+                f"code changed since it trained ({changed[r['key']]}): left out of the "
+                f"report, {again}")
         value = f"{key}={_run_value(folder / 'runs' / r['key'], key)}  " if key else ""
         typer.echo(f"  {r['scale']:<{scale_w}}  {r['method']:<{method_w}}  s{r['seed']:<4} "
                    f"{value}{(r['status'] or r['state']):<10} {extra}".rstrip())
+
+
+def _code_changes(folder: Path, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Runs of a study whose outside methods' code differs from the code its plugins load now
+    (``modbench.study.results.code_changes``); nothing is imported for a study of built-in
+    methods only."""
+    from modbench.methods.base import split_top
+
+    if all(t.split("(")[0].strip() in _builtin_catalog() | {"baseline"}
+           for r in rows for t in split_top(r["method"], "+")):
+        return {}
+    from modbench.study.results import code_changes, load_study_plugins
+
+    load_study_plugins(folder)
+    return code_changes(folder, ((r["key"], r["method"]) for r in rows))
+
+
+def _builtin_catalog() -> set[str]:
+    """The built-in methods' names, from the catalog (no torch import)."""
+    from modbench.methods.catalog import method_rows
+
+    return {r["name"] for r in method_rows()[0]}
 
 
 @study_app.command("report")
@@ -248,6 +297,7 @@ def report(
         help="With --predict: the GPU of the GPU-hours (default: H100).")] = None,
     mfu: Annotated[float | None, typer.Option(
         help="With --predict: the MFU the GPU-hours assume (default: 0.30).")] = None,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Write FOLDER/report/: report.md, a self-contained report.html, results.csv and plots.
 
@@ -257,6 +307,7 @@ def report(
     """
     from modbench.study.results import write_study_report
 
+    use_plugins(methods_from)
     if predict is None and (gpu_type is not None or mfu is not None):
         from modbench.errors import ModbenchError
 
@@ -337,14 +388,16 @@ def _prediction(folder: Path, shape: str, gpu_type: str | None, mfu: float | Non
 
 
 @study_app.command("validate")
-def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")]
-             ) -> None:
-    """Check a spec without running it: keys, methods, presets, recipes, overrides.
+def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")],
+             methods_from: MethodsFrom = None) -> None:
+    """Check a spec without running it: keys, methods, presets, recipes, overrides, and the
+    plugins it loads its own methods from.
 
     Example: modbench study validate seed002-1.2b
     """
     from modbench.study.spec import expand, load_spec
 
+    use_plugins(methods_from)
     s = load_spec(spec)
     runs = expand(s)
     scales = sorted({r.scale for r in runs})
@@ -387,6 +440,7 @@ def plan(
     mfu: Annotated[float | None, typer.Option(
         help="Model FLOPs utilisation of the GPU estimate (default: 0.30).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Seeds per method and baseline that give the verdict POWER (default 80 %) to call a
     true effect an improver, at the spec's design (its methods form the Holm family at alpha
@@ -406,6 +460,7 @@ def plan(
     from modbench.study.plan import run_flops, throughput
     from modbench.study.spec import load_spec, run_spec
 
+    use_plugins(methods_from)
     eff = P.parse_effect(effect)
     rule = P.parse_baseline_seeds(baseline_seeds)
     if sigma is not None and from_study is not None:

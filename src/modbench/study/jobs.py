@@ -44,6 +44,9 @@ class Job:
     # the token every attempt of this job claims its runs under (cluster executors: a Ray
     # retry or a SLURM requeue takes over what the dead attempt held); None: local claims
     lease: str | None = None
+    # the study's method plugins (absolute refs, modbench.methods.plugins), imported first
+    # in whatever process runs the job (a local worker, a Ray task, a SLURM job)
+    plugins: tuple[str, ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
         """What a pickle of the job holds: the configs in their serialised form."""
@@ -88,6 +91,10 @@ def execute_job(job: Job) -> list[JobResult]:
         import torch
 
         torch.set_num_threads(job.threads)
+    if job.plugins:
+        from modbench.methods.plugins import load_plugins
+
+        load_plugins(job.plugins)
     store = Store(job.root)
     results, todo = [], []
     for key, label, config in zip(job.keys, job.labels, job.configs, strict=True):

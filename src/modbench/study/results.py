@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from modbench.analysis.flops import flop_report
@@ -36,6 +37,52 @@ def load_rows(folder: str | Path) -> list[RunRow]:
     return [RunRow.from_record(r, store.run_dir(r["key"])) for r in store.rows()]
 
 
+def load_study_plugins(folder: str | Path) -> list[str]:
+    """Import the plugins a study folder's ``spec.yaml`` names (``methods_from``), without
+    reading the rest of the spec; their refs (none: nothing imported)."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load((Path(folder) / "spec.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    refs = tree.get("methods_from") if isinstance(tree, dict) else None
+    if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
+        return []
+    from modbench.methods.plugins import load_plugins
+
+    return [p.ref for p in load_plugins(refs, base=Path(folder).resolve())]
+
+
+def code_changes(root: Path, runs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Of a study's ``runs`` (key, method string), those whose outside methods' recorded code
+    differs from the code loaded now, or is not loaded: run key -> what changed. Only runs whose
+    method string names a method that is not built in are read (a study of built-ins reads no
+    run folder)."""
+    from modbench.methods.base import split_top
+    from modbench.methods.plugins import recorded_origins, stale_methods
+
+    builtin: set[str] | None = None
+    out: dict[str, str] = {}
+    for key, method in runs:
+        names = {t.split("(")[0].strip() for t in split_top(method, "+")}
+        if builtin is None:
+            builtin = _builtin_names() | {"baseline"}
+        if names <= builtin:
+            continue
+        stale = stale_methods(recorded_origins(root / "runs" / key))
+        if stale:
+            out[key] = "; ".join(f"{name}: {why}" for name, why in sorted(stale.items()))
+    return out
+
+
+def _builtin_names() -> set[str]:
+    from modbench.methods.base import load_all
+    from modbench.methods.plugins import is_builtin
+
+    return {n for n, cls in load_all().items() if is_builtin(cls)}
+
+
 def load_spec_of(folder: str | Path) -> StudySpec | None:
     """The spec a study folder was last run with (``DIR/spec.yaml``), None if it has none."""
     path = Path(folder) / "spec.yaml"
@@ -54,8 +101,16 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
     """The study's runs, their per-scale comparison with the baseline on ``metric`` (default:
     the spec's decision metric) and each method's FLOPs per scale."""
     root = Path(folder)
+    found = load_spec_of(root)  # its plugins (methods_from) first
     rows = load_rows(root)
-    found = load_spec_of(root)
+    changed = code_changes(root, ((r.key, r.method) for r in rows))
+    current = {(r.scale, r.method, r.seed) for r in rows if r.key not in changed}
+    left_out = {f"{r.scale}/{r.method}/s{r.seed}": changed[r.key] + (
+        "; a run with the loaded code replaces it" if (r.scale, r.method, r.seed) in current
+        else "; `modbench study run` trains it again with the loaded code")
+        for r in rows if r.key in changed}
+    # trained with other code than what is loaded: not judged with it
+    rows = [r for r in rows if r.key not in changed]
     spec = found or StudySpec()
     metric = metric or default_metric(spec.evaluation.primary, spec.evaluation.tasks)
     anchors = list(spec.seeds.anchors)
@@ -70,7 +125,7 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
     return StudyResults(
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
         metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,
-        claim=claim, data_order=spec.data.order)
+        claim=claim, data_order=spec.data.order, code_changed=left_out)
 
 
 def write_study_report(folder: str | Path, metric: str | None = None) -> Path:

@@ -136,6 +136,10 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
                                 f"{until_decided}) and --spending one of "
                                 f"{', '.join(SPENDING)} (got {spending!r})")
     kind = executors.get(executor)  # an unknown name: one line, before anything is written
+    if spec.methods_from:  # a spec built in Python: its plugins, recorded absolute
+        from modbench.methods.plugins import load_plugins
+
+        spec.methods_from = [p.ref for p in load_plugins(spec.methods_from)]
     runs = expand(spec) if runs is None else runs
     if spec.tuning is not None:  # every grid value's runs resolve, before anything is written
         from modbench.study.tuning import tuning_runs
@@ -322,7 +326,8 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
             batches.append(group)
     ev = dataclasses.asdict(spec.evaluation)
     return [Job(str(out), tuple(r.key for r in b), tuple(r.label for r in b),
-                tuple(r.config for r in b), ev, nproc=nproc) for b in batches]
+                tuple(r.config for r in b), ev, nproc=nproc,
+                plugins=tuple(spec.methods_from)) for b in batches]
 
 
 def study_status(out: str | Path) -> list[dict[str, Any]]:

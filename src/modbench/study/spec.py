@@ -20,6 +20,7 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
       source: "CoMT preprint Table 3 (docs/sources.md#comt)"
       text: "Post-LN stalls on a deep, narrow model at a raised learning rate."
       expect: {post_ln: [stalled, diverged]}    # the verdicts that agree with it
+    methods_from: [./mylab/methods.py]   # optional: your own methods (docs/methods.md)
     tuning:                           # optional: frozen versus tuned verdicts (study/tuning.py)
       key: recipe.lr                  # a run config key
       grid: [1e-3, 3e-3]              # its values tried for every scale and method
@@ -52,7 +53,9 @@ import yaml
 
 from modbench.config import EXECUTION_KEYS, RunConfig, expand_scales, resolve, yaml_nodes
 from modbench.errors import ModbenchError, suggest
+from modbench.methods.base import MethodSpec
 from modbench.methods.build import plan_run
+from modbench.methods.plugins import code_hashes
 
 
 @dataclass
@@ -140,6 +143,10 @@ class StudySpec:
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     claim: ClaimSpec | None = None
     tuning: TuningSpec | None = None
+    # plugins the study's methods come from (modbench.methods.plugins): .py files, package
+    # folders (relative to the spec's file) or module names; recorded absolute in the study
+    # folder's spec.yaml, so `study status`/`report` load them, and every worker imports them
+    methods_from: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,6 +199,11 @@ def load_spec(ref: str | Path | None) -> StudySpec:
         raise ModbenchError(f"study spec {path} must be a mapping of keys")
     spec: StudySpec = _build(StudySpec, tree, "")
     check_spec(spec)
+    if spec.methods_from:  # before any method string is read
+        from modbench.methods.plugins import load_plugins
+
+        base = path.resolve().parent
+        spec.methods_from = [p.ref for p in load_plugins(spec.methods_from, base=base)]
     return spec
 
 
@@ -256,6 +268,9 @@ def check_spec(spec: StudySpec) -> None:
           f"a folder name of letters, digits, '.', '_' and '-' (not starting with '.', at most "
           f"{MAX_NAME} characters)", n)
     _want(isinstance(spec.description, str), "description", "a string", spec.description)
+    _want(_str_list(spec.methods_from) and all(x.strip() for x in spec.methods_from),
+          "methods_from", "a list of plugin files, package folders or module names",
+          spec.methods_from)
     _want(isinstance(spec.baseline, str) and bool(spec.baseline), "baseline", "a method name",
           spec.baseline)
     _want(_str_list(spec.methods), "methods", "a list of method strings", spec.methods)
@@ -462,8 +477,16 @@ def config_key(cfg: RunConfig) -> str:
     Keys added to the config later are left out of the hash while they hold their default
     (``_NEW_KEY_DEFAULTS``), so runs a study store finished before they existed keep their
     key and are not trained again.
+
+    The code of a method from outside the package is part of the key: the sha256 of each
+    such method's source (:func:`modbench.methods.plugins.code_hashes`), so editing a plugin
+    trains again exactly the runs that use it. Built-in methods add nothing (their code is
+    modbench's version, and stores keep their keys).
     """
     d = cfg.to_dict()
+    code = code_hashes(MethodSpec.parse(cfg.model.method).names)
+    if code:
+        d["model"]["method_code"] = code
     if d["model"].get("train_seq_len") is not None:
         from modbench.methods.build import reads_train_seq_len
 

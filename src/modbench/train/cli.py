@@ -22,6 +22,7 @@ import typer
 
 from modbench.errors import ModbenchError
 from modbench.helptext import tidy_help
+from modbench.methods.options import MethodsFrom, use_plugins
 
 EXIT_DIVERGED = 3  # a run's status is one of UNSUCCESSFUL (the CLI's exit codes: docs/cli.md)
 UNSUCCESSFUL = ("diverged", "stalled")
@@ -63,6 +64,7 @@ def train_command(
              "global batch and must divide by N; the data order equals one process's.")
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Train one model and write config.yaml, metrics.jsonl and summary.json to its folder.
 
@@ -80,6 +82,7 @@ def train_command(
     from modbench.train.trainer import train as run_train
     from modbench.train.trainer import train_seeds
 
+    use_plugins(methods_from)
     seed_list = _seed_list(seeds, seed)
     if nproc is not None:
         if nproc < 1:
@@ -95,6 +98,8 @@ def train_command(
         config = first / "config.yaml"
     cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
                   overrides=overrides)
+    if resume and first is not None:
+        _check_same_code(first)
     if nproc is not None and nproc > 1:
         check_world(cfg.train, nproc, len(seed_list) or 1, cfg.recipe.optimizer)
     if out is None:
@@ -131,6 +136,14 @@ def train_command(
     for s, summary in zip(seed_list, summaries, strict=True):
         _print_summary(summary, out / f"s{s}")
     _exit_for(summaries)
+
+
+def _check_same_code(run: Path) -> None:
+    """Refuse to resume a run whose outside methods' code is not the code it trained with
+    (the two halves of its curve would come from two versions of the method)."""
+    from modbench.methods.plugins import check_recorded
+
+    check_recorded(run, "resume it")
 
 
 def _exit_for(summaries: list[dict[str, Any]]) -> None:

@@ -710,7 +710,13 @@ class Trainer:
         it) starts again, its log emptied. Only rank 0 writes."""
         if not self.world.main:
             return None
-        meta: dict[str, Any] = {"code": code_version(), "slots": self.plan.spec.describe(),
+        from modbench.methods.plugins import origins
+
+        meta: dict[str, Any] = {"code": code_version(),
+                                # where each method came from (built in, or a plugin with the
+                                # sha256 of its code: modbench.methods.plugins)
+                                "methods": origins(x.name for x in self.plan.methods),
+                                "slots": self.plan.spec.describe(),
                                 "params": self.plan.count_params(),
                                 "data": {"fingerprint": self.data.fingerprint()}}
         if init_from is not None:
