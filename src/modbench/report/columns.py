@@ -5,7 +5,10 @@ table: :data:`VERDICT_COLUMNS` (the verdict and the statistics behind it) and
 
 A cell function is given a :class:`Row`: one method's
 :class:`~modbench.analysis.stats.MethodResult` at one scale, its finished runs there, its
-FLOPs, the scale and the study's metric. Adding a statistic to the report is the statistic (a
+FLOPs, the scale and the study's metric. A column also names the typed values its cell shows
+(``Δ [CI]``: ``delta``, ``ci_low``, ``ci_high``) and gives them (:meth:`Column.data`,
+:func:`records`): the numbers behind the table, what ``modbench.load_study``'s ``verdicts``
+frame holds, from the same list. Adding a statistic to the report is the statistic (a
 field of ``MethodResult``, computed by :func:`~modbench.analysis.stats.compare`) and one
 :class:`Column` here; a user passes extra columns to the writer instead::
 
@@ -65,14 +68,29 @@ class Row:
 
 @dataclass(frozen=True)
 class Column:
-    """One column of a table: its header (:data:`METRIC` in it stands for the study's metric)
-    and the function that gives its cell in a :class:`Row`."""
+    """One column of a table: its header (:data:`METRIC` in it stands for the study's metric),
+    the function that gives its cell in a :class:`Row`, and the typed values that cell shows:
+    their ``names`` and the function that gives them in a row, in that order (None: the
+    column's data is its cell's text under its title)."""
 
     header: str
     cell: Callable[[Row], str]
+    names: tuple[str, ...] = ()
+    values: Callable[[Row], tuple[Any, ...]] | None = None
 
     def title(self, metric: str) -> str:
         return self.header.replace(METRIC, metric)
+
+    def fields(self, metric: str) -> tuple[str, ...]:
+        """The names of :meth:`data`'s values."""
+        return self.names if self.values is not None else (self.title(metric),)
+
+    def data(self, row: Row) -> dict[str, Any]:
+        """The values the cell shows in ``row``, by name (:attr:`names`); a column without
+        ``values``: its cell's text under its title."""
+        if self.values is None:
+            return {self.title(row.metric): self.cell(row)}
+        return dict(zip(self.names, self.values(row), strict=True))
 
 
 def rows_at(results: StudyResults, scale: str) -> list[Row]:
@@ -89,6 +107,26 @@ def table(columns: Sequence[Column], rows: Sequence[Row], metric: str) -> Block:
     come from that one list."""
     return Block("table", header=[c.title(metric) for c in columns],
                  rows=[[c.cell(r) for c in columns] for r in rows])
+
+
+def record_fields(columns: Sequence[Column], metric: str) -> list[str]:
+    """The keys of :func:`records`' dicts, in order: each column's :meth:`Column.fields`, a
+    name that two columns give (``method``, first in both of Table 2's lists) once."""
+    return list(dict.fromkeys(f for c in columns for f in c.fields(metric)))
+
+
+def records(columns: Sequence[Column], rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """The typed data of the table of ``columns`` and ``rows``: per row, every column's
+    :meth:`Column.data` (keys: :func:`record_fields`; a repeated name keeps its first
+    column's value)."""
+    out = []
+    for r in rows:
+        d: dict[str, Any] = {}
+        for c in columns:
+            for k, v in c.data(r).items():
+                d.setdefault(k, v)
+        out.append(d)
+    return out
 
 
 # ------------------------------------------------------------------ cell formats
@@ -124,6 +162,17 @@ def against_baseline(cell: Callable[[Row], str]) -> Callable[[Row], str]:
         return "" if row.result.is_baseline else cell(row)
 
     return cell_or_empty
+
+
+def values_against_baseline(values: Callable[[Row], tuple[Any, ...]]
+                            ) -> Callable[[Row], tuple[Any, ...]]:
+    """``values``, each None in the baseline's row (where :func:`against_baseline` leaves the
+    cell empty)."""
+    def values_or_none(row: Row) -> tuple[Any, ...]:
+        got = values(row)
+        return tuple(None for _ in got) if row.result.is_baseline else got
+
+    return values_or_none
 
 
 # ------------------------------------------------------------------ the verdict columns
@@ -165,7 +214,13 @@ def _p_adjusted(correction: str) -> Column:
         return (_fmt(r.p_adjusted[correction], 3)
                 + (" *" if r.significant.get(correction) else ""))
 
-    return Column(f"p {correction}", against_baseline(cell))
+    def values(row: Row) -> tuple[Any, ...]:
+        r = row.result
+        return r.p_adjusted[correction], r.significant.get(correction)
+
+    return Column(f"p {correction}", against_baseline(cell),
+                  (f"p_{correction}", f"significant_{correction}"),
+                  values_against_baseline(values))
 
 
 def _verdict(row: Row) -> str:
@@ -188,17 +243,26 @@ def _method(row: Row) -> str:
 #: interval, z, the test with t and df, p raw and under each correction (* at or below α), the
 #: verdict († fewer seeds than the baseline) and the minimum detectable effect.
 VERDICT_COLUMNS: Final[tuple[Column, ...]] = (
-    Column("method", _method),
-    Column("seeds", _seeds),
-    Column(METRIC, _mean),
-    Column("Δ [CI]", against_baseline(lambda row: delta_text(row.result))),
-    Column("z", against_baseline(lambda row: _fmt(row.result.z, 3))),
-    Column("test", against_baseline(_test)),
-    Column("t (df)", against_baseline(_t_df)),
-    Column("p", against_baseline(lambda row: _fmt(row.result.p, 3))),
+    Column("method", _method, ("method",), lambda row: (row.result.method,)),
+    Column("seeds", _seeds, ("n", "n_diverged", "n_stalled"),
+           lambda row: (row.result.n, row.result.n_diverged, row.result.n_stalled)),
+    Column(METRIC, _mean, ("mean", "std"), lambda row: (row.result.mean, row.result.std)),
+    Column("Δ [CI]", against_baseline(lambda row: delta_text(row.result)),
+           ("delta", "ci_low", "ci_high"),
+           values_against_baseline(lambda row: (row.result.delta, *row.result.ci))),
+    Column("z", against_baseline(lambda row: _fmt(row.result.z, 3)), ("z",),
+           values_against_baseline(lambda row: (row.result.z,))),
+    Column("test", against_baseline(_test), ("test",),
+           values_against_baseline(lambda row: (row.result.test,))),
+    Column("t (df)", against_baseline(_t_df), ("t", "df"),
+           values_against_baseline(lambda row: (row.result.t, row.result.df))),
+    Column("p", against_baseline(lambda row: _fmt(row.result.p, 3)), ("p",),
+           values_against_baseline(lambda row: (row.result.p,))),
     *(_p_adjusted(c) for c in CORRECTIONS),
-    Column("verdict", _verdict),
-    Column("MDE", against_baseline(lambda row: mde_text(row.result))),
+    Column("verdict", _verdict, ("verdict", "fewer_seeds"),
+           lambda row: (str(row.result.verdict), row.fewer)),
+    Column("MDE", against_baseline(lambda row: mde_text(row.result)), ("mde", "mde_sigma"),
+           values_against_baseline(lambda row: (row.result.mde, row.result.mde_sigma))),
 )
 
 
@@ -226,12 +290,27 @@ def _flops_ratio(row: Row) -> str:
     return _fmt(row.flops.flops_ratio if row.flops else None, 4)
 
 
+def _steps_values(row: Row) -> tuple[Any, ...]:
+    steps = [r.steps for r in row.runs if r.steps is not None]
+    planned = [r.steps_planned for r in row.runs if r.steps_planned is not None]
+    return (min(steps, default=None), max(steps, default=None), max(planned, default=None))
+
+
+def _tokens_values(row: Row) -> tuple[Any, ...]:
+    tokens = [r.tokens for r in row.runs if r.tokens is not None]
+    return min(tokens, default=None), max(tokens, default=None)
+
+
 #: Table 2's "what each method trained" columns: steps, tokens, parameters and FLOPs.
 TRAINED_COLUMNS: Final[tuple[Column, ...]] = (
-    Column("method", _method),
-    Column("steps", _steps),
-    Column("tokens", lambda row: span([x.tokens for x in row.runs], count)),
-    Column("params", _params),
-    Column("train FLOPs/token", _train_flops),
-    Column("FLOPs ×", _flops_ratio),
+    Column("method", _method, ("method",), lambda row: (row.result.method,)),
+    Column("steps", _steps, ("steps_min", "steps_max", "steps_planned"), _steps_values),
+    Column("tokens", lambda row: span([x.tokens for x in row.runs], count),
+           ("tokens_min", "tokens_max"), _tokens_values),
+    Column("params", _params, ("params",),
+           lambda row: (row.runs[0].params if row.runs else None,)),
+    Column("train FLOPs/token", _train_flops, ("train_flops_per_token",),
+           lambda row: (row.flops.train_flops_per_token if row.flops else None,)),
+    Column("FLOPs ×", _flops_ratio, ("flops_ratio",),
+           lambda row: (row.flops.flops_ratio if row.flops else None,)),
 )
