@@ -124,3 +124,108 @@ def test_cli_eval_tasks_and_suites(run_dir: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert "climb12" in out and all(t in out for t in SUITES["climb12"])
     assert len(SUITES["climb12"]) == 12
+
+
+class _FakeLM:
+    """An lm-eval LM answering every request at once (built on first use: lm_eval's LM)."""
+
+    def __new__(cls) -> object:
+        from lm_eval.api.model import LM
+
+        class Fake(LM):  # type: ignore[misc]
+            def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list:  # type: ignore[type-arg]
+                return [(-1.0, True) for _ in requests]
+
+            def loglikelihood_rolling(self, requests: list,  # type: ignore[type-arg]
+                                      disable_tqdm: bool = False) -> list:  # type: ignore[type-arg]
+                return [-1.0 for _ in requests]
+
+            def generate_until(self, requests: list, disable_tqdm: bool = False) -> list:  # type: ignore[type-arg]
+                return ["" for _ in requests]
+
+        return Fake()
+
+
+def _fake_run(tmp: Path) -> Path:
+    run = tmp / "run"  # enough of a run folder to reach the task checks
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("preset: tiny\n")
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    return run
+
+
+def test_unknown_task_is_one_line_with_close_names(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a 49-line KeyError traceback from inside lm-eval, exit 1, after the model had
+    loaded and validated. Now refused before any work, with lm-eval's closest names."""
+    from tests.helpers import cli
+
+    run = _fake_run(tmp_path)
+    code, _, err = cli(capsys, "eval", str(run), "--tasks", "arc_esy", "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: unknown task 'arc_esy'") and "arc_easy" in err
+    code, _, err = cli(capsys, "eval", str(run), "--tasks", "no_such_task", "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "unknown task 'no_such_task'" in err
+    assert not (run / "eval.json").exists()
+
+
+def test_folders_files_and_yml_named_as_tasks_are_one_line(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from modbench.errors import ModbenchError
+    from modbench.eval.harness import _make_manager, check_task_names
+
+    monkeypatch.chdir(tmp_path)
+    manager = _make_manager(((), True))  # lm-eval's own tasks (kept from the test above)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModbenchError, match="folder that holds no task YAML file"):
+        check_task_names(["empty"], [], manager)
+    files = write_tasks(tmp_path / "tasks")
+    with pytest.raises(ModbenchError, match=r"is a folder, not a task; .*mc\.yaml"):
+        check_task_names(["tasks"], [], manager)
+    (tmp_path / "evil.txt").write_text("task: evil\nprocess_docs: !function evilmod.f\n")
+    # lm-eval would read a name it does not know as a task file, unchecked
+    with pytest.raises(ModbenchError, match="is a file but not a task file"):
+        check_task_names(["evil.txt"], [], manager)
+    yml = Path(files[0]).with_suffix(".yml")
+    Path(files[0]).rename(yml)
+    local = _make_manager(((str(yml.parent.resolve()),), False))
+    with pytest.raises(ModbenchError, match=r"rename it to end in \.yaml"):
+        check_task_names([], [str(yml)], local)
+    assert check_task_names([], [files[1]], local) == ["mbtest_cloze"]
+
+
+def test_a_group_file_runs_under_its_group_name(tmp_path: Path) -> None:
+    from modbench.eval.harness import run_tasks
+
+    files = write_tasks(tmp_path / "tasks")
+    group = tmp_path / "tasks" / "both.yaml"
+    group.write_text("group: mbtest_both\ntask: [mbtest_mc, mbtest_cloze]\n")
+    out = run_tasks(_FakeLM(), [str(group)])
+    assert {"mbtest_mc", "mbtest_cloze"} <= set(out), out
+    assert len(files) == 2
+
+
+def test_no_git_complaint_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capfd: pytest.CaptureFixture[str]) -> None:
+    """lm-eval runs `git describe` to record a commit; outside a repository git said "fatal:
+    not a git repository" on stderr at every `modbench eval --tasks`."""
+    import shutil
+    import subprocess
+
+    from modbench.eval.harness import run_tasks
+
+    monkeypatch.chdir(tmp_path)
+    files = write_tasks(tmp_path / "tasks")
+    if shutil.which("git") is not None:  # the control: lm-eval's own call complains here
+        from lm_eval.loggers.utils import get_git_commit_hash
+
+        if subprocess.run(["git", "rev-parse"], capture_output=True).returncode == 0:
+            pytest.skip("the temporary folder is inside a git repository")
+        capfd.readouterr()
+        get_git_commit_hash()
+        assert "not a git repository" in capfd.readouterr().err
+    out = run_tasks(_FakeLM(), files)
+    assert out["mbtest_mc"]["n"] == len(MC)
+    err = capfd.readouterr().err
+    assert "not a git repository" not in err and "fatal:" not in err, err

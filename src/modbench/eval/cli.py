@@ -43,12 +43,12 @@ def eval_command(
         return
     if run_dir is None:
         raise ModbenchError("give a run folder, e.g. `modbench eval runs/t --probes`")
-    from modbench.eval.harness import check_task_files, expand_tasks, trusting_task_code
+    from modbench.eval.harness import check_tasks, trusting_task_code
     from modbench.eval.run import check_run_folder, evaluate_run
     from modbench.runtime.lock import FolderLock
 
     check_run_folder(run_dir)  # before the lock: it must not create a missing folder
-    check_task_files(expand_tasks(tasks or [])[1], trust_task_code)  # before any work
+    check_tasks(tasks or [], trust_task_code)  # files and names, before any work
     with FolderLock(run_dir, "modbench eval"), trusting_task_code(trust_task_code):
         r = evaluate_run(run_dir, probes=probes, tasks=tasks, limit=limit,
                          batch_size=batch_size, num_fewshot=num_fewshot, progress=progress)
