@@ -8,8 +8,6 @@ scalars (``1e-4``, ``true``, ``full``). ``baseline`` means no method.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +18,8 @@ from torch import nn
 
 from modbench.config import ModelConfig
 from modbench.errors import ModbenchError, suggest
+from modbench.methods import plugins
+from modbench.methods import registry as _registry
 from modbench.model.spec import ModelSpec
 
 CATEGORIES = ("attention", "ffn", "norm", "placement", "residual", "architecture")
@@ -62,6 +62,10 @@ class Method:
     # --compile-check` reports its breaks as expected, and tests/model/test_compile_graphs.py
     # checks that it does break (an empty one: that it gives one graph).
     compile_graph_breaks: ClassVar[str] = ""
+    # True where, with its default options, the freshly initialised model computes the
+    # baseline's logits at the same seed (an identity at init: a zero gate, a unit
+    # scale); the conformance kit (modbench.conformance, check "init") holds it.
+    starts_as_baseline: ClassVar[bool] = False
 
     def __init__(self, options: Any = None) -> None:
         self.opts = options if options is not None else self.Options()
@@ -134,6 +138,7 @@ class Method:
             "leaks_across_positions": cls.leaks_across_positions,
             "stackable": cls.stackable,
             "compile_graph_breaks": cls.compile_graph_breaks,
+            "starts_as_baseline": cls.starts_as_baseline,
         }
 
 
@@ -145,10 +150,8 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
     return None
 
 
-REGISTRY: dict[str, type[Method]] = {}
-# modules of this package that define no method
-NOT_METHODS = ("base", "build", "catalog", "options", "plugins")
-_loaded = False
+#: every registered method, by name (:mod:`modbench.methods.registry`)
+REGISTRY: dict[str, type[Method]] = _registry.REGISTRY
 
 
 def register(cls: type[Method]) -> type[Method]:
@@ -158,17 +161,11 @@ def register(cls: type[Method]) -> type[Method]:
     if cls.category not in CATEGORIES:
         raise ValueError(f"method {cls.name}: category must be one of {CATEGORIES}")
     existing = REGISTRY.get(cls.name)
-    if existing is not None and existing is not cls:
-        from modbench.methods.plugins import check_registration
-
-        # an outside method taking a built-in's or another plugin's name: a one-line error
-        if not check_registration(cls.name, cls, existing):
-            raise ValueError(f"method {cls.name!r} is registered twice")
+    # an outside method taking a built-in's or another plugin's name: a one-line error
+    if existing is not None and not plugins.check_registration(cls.name, cls, existing):
+        raise ValueError(f"method {cls.name!r} is registered twice")
     REGISTRY[cls.name] = cls
-    if not cls.__module__.startswith(f"{__package__}."):
-        from modbench.methods.plugins import record_origin
-
-        record_origin(cls.name, cls)  # where it came from, and its code's hash
+    plugins.record_origin(cls.name, cls)  # an outside method: where from, its code's hash
     return cls
 
 
@@ -177,16 +174,7 @@ def load_all() -> dict[str, type[Method]]:
     plugins asked for outside the package: installed ``modbench.methods`` entry points and
     ``MODBENCH_METHODS_FROM`` (:mod:`modbench.methods.plugins`; a command's
     ``--methods-from`` loads its own through :func:`~modbench.methods.plugins.load_plugins`)."""
-    global _loaded
-    if not _loaded:
-        import modbench.methods as pkg
-
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            if not mod.name.startswith("_") and mod.name not in NOT_METHODS:
-                importlib.import_module(f"modbench.methods.{mod.name}")
-        _loaded = True
-    from modbench.methods import plugins
-
+    _registry.load_builtins()
     plugins.load_entry_points()
     plugins.load_from_env()
     return REGISTRY
@@ -237,11 +225,9 @@ def _parse(text: str) -> list[Method]:
         if name == "baseline":
             raise ModbenchError("'baseline' means no method and cannot be combined with others")
         if name not in registry:
-            from modbench.methods.plugins import unknown_method_hint
-
             raise ModbenchError(
                 f"unknown method '{name}'{suggest(name, registry)}; "
-                f"run `modbench methods` to list them{unknown_method_hint(name)}"
+                f"run `modbench methods` to list them{plugins.unknown_method_hint(name)}"
             )
         if any(x.name == name for x in methods):
             raise ModbenchError(f"method '{name}' is listed twice in {text!r}")
@@ -277,7 +263,8 @@ def _parse_options(cls: type[Method], args: str) -> Any:
 
 
 def _check_option(method: str, key: str, value: Any, hint: Any) -> Any:
-    text = str(hint)
+    # a plain class reads "float", not "<class 'float'>"; unions as written (float | None)
+    text = hint.__name__ if isinstance(hint, type) else str(hint)
     if value is None and "None" in text:
         return None
     if "float" in text and isinstance(value, int | float | str) and not isinstance(value, bool):

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 MethodsFrom = Annotated[list[str] | None, typer.Option(
-    "--methods-from", metavar="FILE|FOLDER|MODULE",
+    "--methods-from", metavar="PLUGIN",
     help="Load your own methods from this .py file, package folder or module (repeatable; "
          "also MODBENCH_METHODS_FROM, os.pathsep-separated; docs/methods.md).",
     show_default=False)]

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from modbench.errors import ModbenchError
+from modbench.methods.registry import REGISTRY, load_builtins
 
 ENV = "MODBENCH_METHODS_FROM"
 ENTRY_POINT_GROUP = "modbench.methods"
@@ -125,8 +126,6 @@ def _where(cls: type) -> str:
 def origin(name: str) -> dict[str, Any]:
     """Where the registered method ``name`` came from: ``{"origin": "builtin"}``, or for an
     outside method its plugin ref, module, files with their sha256 and the combined hash."""
-    from modbench.methods.base import REGISTRY
-
     cls = REGISTRY.get(name)
     if cls is None:
         raise ModbenchError(f"unknown method '{name}'; run `modbench methods` to list them")
@@ -305,9 +304,7 @@ def load_plugins(refs: Sequence[str], *, base: Path | None = None,
     Every failure is one :class:`ModbenchError` line naming the ref: a missing file, a file
     that cannot be imported (its exception), a module not found, a plugin that registers no
     method, a name a built-in or another plugin has."""
-    from modbench.methods.base import load_all
-
-    load_all()
+    load_builtins()  # first: a plugin may not take a built-in's name
     out = []
     for raw in refs:
         ref = resolve_ref(raw, base)
@@ -424,8 +421,6 @@ def _import_file(module: str, file: Path, package: bool) -> None:
 
 def _forget(plugin: Plugin, modules_before: set[str]) -> None:
     """Undo a failed plugin: its registrations, its modules, its entry."""
-    from modbench.methods.base import REGISTRY
-
     for name in plugin.methods:
         cls = REGISTRY.get(name)
         if cls is not None and not is_builtin(cls):
@@ -503,6 +498,16 @@ def load_entry_points() -> list[Plugin]:
     return out
 
 
+def load_everything() -> dict[str, Any]:
+    """The registry with the built-in methods and every plugin asked for outside a command's
+    flag (entry points, ``MODBENCH_METHODS_FROM``): what :func:`modbench.methods.base.load_all`
+    returns."""
+    load_builtins()
+    load_entry_points()
+    load_from_env()
+    return REGISTRY
+
+
 def loaded() -> list[Plugin]:
     """The plugins this process has loaded, in order."""
     return list(_PLUGINS.values())
@@ -527,8 +532,6 @@ def unknown_method_hint(name: str, recorded: dict[str, Any] | None = None) -> st
 def stale_methods(recorded: dict[str, Any]) -> dict[str, str]:
     """Of a run's recorded origins (``meta.methods``), the outside methods whose loaded code
     differs from the recorded code, each with a line saying how."""
-    from modbench.methods.base import REGISTRY
-
     out: dict[str, str] = {}
     for name, rec in (recorded or {}).items():
         if not isinstance(rec, dict) or rec.get("origin") in (None, "builtin"):
@@ -562,10 +565,8 @@ def check_recorded(run: Path, doing: str) -> None:
     """Refuse, in one line, to use a run folder whose outside methods are not loaded (naming
     the plugin each was recorded from and the option that loads it) or whose loaded code
     differs from the code the run trained with. ``doing``: what was asked (for the message)."""
-    from modbench.methods.base import load_all
-
     recorded = recorded_origins(run)
-    registry = load_all()
+    registry = load_everything()
     for name, rec in sorted(recorded.items()):
         if not isinstance(rec, dict) or rec.get("origin") in (None, "builtin"):
             continue
