@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from modbench.methods.options import MethodsFrom, use_plugins
+
 
 def eval_command(
     run_dir: Annotated[Path | None, typer.Argument(
@@ -27,6 +29,7 @@ def eval_command(
     trust_task_code: Annotated[bool, typer.Option(
         "--trust-task-code", help="Allow task YAML files (and what they include) to run "
         "Python (`!function`, an included .py); only for task files you trust.")] = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Evaluate a trained run: validation loss; with --probes the offline capability probes;
     with --tasks lm-evaluation-harness tasks, in process. Writes RUN_DIR/eval.json with
@@ -43,6 +46,7 @@ def eval_command(
         return
     if run_dir is None:
         raise ModbenchError("give a run folder, e.g. `modbench eval runs/t --probes`")
+    use_plugins(methods_from)
     from modbench.eval.harness import check_tasks, trusting_task_code
     from modbench.eval.run import check_run_folder, evaluate_run
     from modbench.runtime.lock import FolderLock
@@ -82,6 +86,7 @@ def export_command(
         "(`hf auth login` or HF_TOKEN).")] = None,
     private: Annotated[bool, typer.Option(
         help="With --push-to-hub: create the repo private.")] = False,
+    methods_from: MethodsFrom = None,
 ) -> None:
     """Export a trained run as a self-contained Hugging Face checkpoint: config, weights
     (safetensors), tokenizer, model card (README.md) and the modbench model code it needs, so
@@ -92,6 +97,7 @@ def export_command(
     from modbench.eval.export import check_push, export_hf
     from modbench.runtime.lock import FolderLock
 
+    use_plugins(methods_from)
     if push_to_hub is not None:
         check_push(push_to_hub)  # before any work: huggingface_hub, the repo id, a token
     with FolderLock(hf, "modbench export", beside=True):  # one writer of the --hf folder
