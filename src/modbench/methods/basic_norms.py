@@ -110,6 +110,7 @@ class RMSNormType(Method):
     category = "norm"
     citation = "Zhang & Sennrich 2019, Root Mean Square Layer Normalization"
     summary = "RMSNorm with a per-channel gain (the baseline norm type, named explicitly)."
+    starts_as_baseline = True
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         spec.fill("norm", rmsnorm_factory, by=self.name)
@@ -128,6 +129,7 @@ class SSNorm(Method):
     citation = ("Park et al. 2025, Outlier-Safe Pre-Training for Robust 4-Bit Quantization of "
                 "Large Language Models")
     summary = "Single-scale RMSNorm: x / RMS(x) times one learnable scalar per norm."
+    starts_as_baseline = True
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
         def factory(dim: int, eps: float, site: str, layer: int) -> nn.Module:

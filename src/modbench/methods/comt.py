@@ -93,6 +93,7 @@ class CoMT(Method):
     citation = ("CoMT / Transponder: contextual modulation of Transformer sublayers, "
                 "preprints.org 202506.0120 (OpenReview GJ9gHw8kan)")
     summary = "Token- and channel-wise modulators m(x) = 2 sigmoid(W2 silu(W1 x)) on projections."
+    starts_as_baseline = True
 
     @dataclass
     class Options:

@@ -164,6 +164,7 @@ class DenseFormer(Method):
                 "Information Flow in Transformers via Depth Weighted Averaging")
     summary = ("Depth-weighted average of the embedding and all earlier block outputs after "
                "each block; identity init.")
+    starts_as_baseline = True
 
     @dataclass
     class Options:

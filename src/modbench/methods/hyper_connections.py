@@ -220,6 +220,7 @@ class HyperConnections(Method):
                 "(ICLR 2025)")
     summary = ("n residual lanes with input-side mixing A_m, output-side re-mixing A_r and "
                "output weights B; static or dynamic (DHC).")
+    starts_as_baseline = True
 
     @dataclass
     class Options:
@@ -302,6 +303,7 @@ class HyperConnections2Lane(Method):
                 "variant of arXiv 2605.20798 Appendix B.11")
     summary = ("Standard residual plus a slow EMA lane of sublayer outputs, added with a "
                "learnable weight that starts at 0.")
+    starts_as_baseline = True
 
     @dataclass
     class Options:

@@ -215,6 +215,7 @@ class LaurelRW(Method):
     category = "residual"
     citation = CITATION
     summary = "Learned residual weights: x' = alpha f(x) + beta x, (alpha, beta) = 2 softmax."
+    starts_as_baseline = True
 
     @dataclass
     class Options:
@@ -237,6 +238,7 @@ class LaurelLR(Method):
     category = "residual"
     citation = CITATION
     summary = "Low-rank learned residual: x' = f(x) + x + B A x (rank r, B = 0 at init)."
+    starts_as_baseline = True
 
     @dataclass
     class Options:
@@ -259,6 +261,7 @@ class LaurelPA(Method):
     citation = CITATION
     summary = ("Previous activations: x' = f(x) + x + sum_j gamma_j h(x_{i-j}) over the k "
                "previous sublayer inputs, low-rank h.")
+    starts_as_baseline = True
 
     @dataclass
     class Options:

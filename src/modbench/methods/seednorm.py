@@ -72,6 +72,7 @@ class SeeDNorm(Method):
     category = "norm"
     citation = "Cai, Zhu et al. 2026, SeeDNorm: Self-Rescaled Dynamic Normalization (ICLR)"
     summary = "RMSNorm whose gain is gamma + alpha tanh(x . beta), a per-token dynamic scale."
+    starts_as_baseline = True
 
     @dataclass
     class Options:
