@@ -4,12 +4,13 @@ checkpoint of a trained run.
 ``OUT`` holds:
 
 - ``config.json``: ``model_type`` ``modbench``, ``auto_map`` to the two remote-code files,
-  modbench's model config under ``modbench`` and the methods with their options under
-  ``modbench_methods``;
+  modbench's model config under ``modbench``, the methods with their options under
+  ``modbench_methods`` and where each came from (built in, or a plugin's module and the
+  sha256 of its code) under ``modbench_method_origins``;
 - ``configuration_modbench.py``, ``modeling_modbench.py`` (:mod:`modbench.eval.hf_remote`)
   and the modbench source they build the model from, ``modbench_*.py``
   (:mod:`modbench.eval.hf_bundle`): the decoder, the planner and the model's methods, which
-  import only torch, PyYAML and each other;
+  import only torch, PyYAML and each other; a methods plugin's modules as ``plugin_*.py``;
 - ``model.safetensors`` (the modbench state dict under ``model.``);
 - the tokenizer: ``tokenizer.json`` (the data's own), ``tokenizer_config.json`` for
   ``PreTrainedTokenizerFast``, ``special_tokens_map.json``; ``generation_config.json``;
@@ -42,6 +43,7 @@ from modbench.eval.hf_bundle import bundle
 from modbench.eval.model_card import model_card, study_verdict
 from modbench.eval.run import load_run
 from modbench.fsutil import umask
+from modbench.methods.plugins import origins as method_origins
 from modbench.runtime.data import open_data
 from modbench.runtime.runfolder import CONFIG, SUMMARY, code_version
 
@@ -141,6 +143,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
             raise ModbenchError(f"method '{m.name}' cannot be exported to Hugging Face format "
                                 f"({getattr(m, 'export_note', 'see its docstring')})")
     meta, summary = _run_files(run)
+    origins = method_origins(m.name for m in methods)
     data_cfg = copy.deepcopy(cfg)
     data_cfg.data.verify = False  # only the tokenizer is read; its checksum is checked below
     data = open_data(data_cfg, progress=False)
@@ -166,6 +169,9 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
         },
         "modbench": cfg.to_dict()["model"],
         "modbench_methods": [{"name": m.name, "options": _options(m)} for m in methods],
+        # where each method came from: built in, or a plugin's module with the sha256 of its
+        # code (the modules bundled as plugin_*.py), as the run records them
+        "modbench_method_origins": origins,
         "vocab_size": cfg.model.vocab_size,
         "max_position_embeddings": cfg.model.max_seq_len,
         "tie_word_embeddings": False,
@@ -180,7 +186,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
     card = model_card(cfg, run=run, step=step, summary=summary, meta=meta, methods=methods,
                       params=sum(p.numel() for p in model.parameters()),
                       load_as=repo_id or str(target), exported_with=version,
-                      study=study_verdict(run), dtype=dtype)
+                      study=study_verdict(run), dtype=dtype, origins=origins)
     tmp = make_tmp_dir_next_to(target)
     try:
         for name, text in _remote_files(files).items():

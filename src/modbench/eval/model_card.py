@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from modbench.config import RunConfig
+from modbench.eval.hf_bundle import flat_name
 
 
 def study_of(run: Path) -> Path | None:
@@ -129,15 +130,31 @@ def _study_section(info: dict[str, Any] | None, method: str) -> list[str]:
     return [*lines, ""]
 
 
+def _origin_text(rec: dict[str, Any]) -> str:
+    """Where a method came from, for the card: built in, or its plugin, module and code
+    hash (the files the hash covers)."""
+    if rec.get("origin") == "builtin":
+        return "built into modbench"
+    src = f"methods plugin `{rec['plugin']}`" if rec.get("plugin") else "outside modbench"
+    files = ", ".join(f"`{f}`" for f in sorted(rec.get("files") or {}))
+    return (f"{src}, module `{rec.get('module')}`"
+            + (f", code sha256 `{rec['sha256']}` (over {files})" if rec.get("sha256") else "")
+            + f"; bundled in this folder as `{flat_name(str(rec.get('module')))}.py`, with "
+            "the modules of its package that it imports")
+
+
 def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] | None,
                meta: dict[str, Any], methods: list[Any], params: int, load_as: str,
                exported_with: dict[str, Any], study: dict[str, Any] | None,
-               dtype: str = "float32") -> str:
-    """The README.md of an export (markdown with the Hub's YAML header)."""
+               dtype: str = "float32", origins: dict[str, dict[str, Any]] | None = None,
+               ) -> str:
+    """The README.md of an export (markdown with the Hub's YAML header). ``origins``: where
+    each method came from (:func:`modbench.methods.plugins.origin`), stated under it."""
     m, r, t, d = cfg.model, cfg.recipe, cfg.train, cfg.data
     method = m.method or "baseline"
     tags = ["modbench", "custom_code", *sorted({x.name for x in methods} or {"baseline"})]
     code = meta.get("code") or {}
+    plugins = any(o.get("origin") != "builtin" for o in (origins or {}).values())
     s = summary or {}
     status = s.get("status", "unfinished (no summary.json: the checkpoint of an interrupted "
                              "run)")
@@ -146,8 +163,11 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
              f"# modbench `{method}` on `{cfg.preset}`, seed {cfg.seed}", "",
              f"A decoder trained by modbench under one frozen recipe, "
              f"exported from the run folder `{run}` at step {step:,}. The folder carries "
-             "modbench's own model code (`modbench_*.py`), so it loads with torch and "
-             "transformers alone, and gives modbench's logits.", "",
+             "modbench's own model code (`modbench_*.py`)"
+             + (" and the code of the methods plugins it uses (`plugin_*.py`)" if plugins
+                else "")
+             + ", so it loads with torch and transformers alone, and gives modbench's "
+             "logits.", "",
              "## Method", ""]
     if not methods:
         lines.append("`baseline`: the shared Llama-2-style decoder (RMSNorm, RoPE, GQA, "
@@ -156,6 +176,8 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
         label = getattr(x, "label", x.name)
         lines.append(f"- `{label}` ({x.category}): {' '.join(str(x.summary).split())}"
                      + (f" — {x.citation}" if x.citation else ""))
+        if origins is not None and x.name in origins:
+            lines.append(f"  - origin: {_origin_text(origins[x.name])}")
     lines += [
         "", "## Model", "",
         f"Preset `{cfg.preset}`: {m.n_layers} layers, width {m.d_model}, {m.n_heads} heads "
@@ -203,7 +225,8 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
         "logits = model(ids).logits",
         "```", "",
         "`trust_remote_code=True` runs the code in this folder (`modeling_modbench.py` and "
-        "the `modbench_*.py` files it imports); read it first. The tokenizer needs no remote "
+        "the `modbench_*.py`" + (" and `plugin_*.py`" if plugins else "")
+        + " files it imports); read it first. The tokenizer needs no remote "
         "code: `PreTrainedTokenizerFast.from_pretrained(...)` loads it without the flag "
         "(transformers 5's `AutoTokenizer` reads the model's config first, which is remote "
         "code, hence the flag there too).", "",
