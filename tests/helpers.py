@@ -119,3 +119,38 @@ def torch_threads(n: int | None = None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def plugins_restored(temp: Path) -> Iterator[None]:
+    """Method plugins loaded in the block are gone after it: the registry, the plugins'
+    records, the modules they imported (those whose files lie under ``temp``, a test's
+    temporary folders), MODBENCH_METHODS_FROM (which loading a plugin sets) and the parsed
+    method strings, as they were before."""
+    import os
+    import sys
+
+    from modbench.methods import base, plugins
+
+    env = os.environ.pop(plugins.ENV, None)
+    base.load_all()
+    registry, modules = dict(base.REGISTRY), set(sys.modules)
+    state = (dict(plugins._PLUGINS), dict(plugins._ORIGINS), plugins._env_loaded)
+    try:
+        yield
+    finally:
+        base.REGISTRY.clear()
+        base.REGISTRY.update(registry)
+        for m in set(sys.modules) - modules:
+            if str(getattr(sys.modules[m], "__file__", None) or "").startswith(str(temp)):
+                del sys.modules[m]
+        plugins._PLUGINS.clear()
+        plugins._PLUGINS.update(state[0])
+        plugins._ORIGINS.clear()
+        plugins._ORIGINS.update(state[1])
+        plugins._env_loaded = state[2]
+        base._SPECS.clear()
+        if env is None:
+            os.environ.pop(plugins.ENV, None)
+        else:
+            os.environ[plugins.ENV] = env

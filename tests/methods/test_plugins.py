@@ -17,10 +17,9 @@ import pytest
 import yaml
 
 from modbench.errors import ModbenchError
-from modbench.methods import base as methods_base
 from modbench.methods import plugins
 from modbench.methods.base import REGISTRY, MethodSpec
-from tests.helpers import cli
+from tests.helpers import cli, plugins_restored
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,29 +81,9 @@ def rezero(folder: Path, name: str = "rezero", file: str | None = None) -> Path:
 
 @pytest.fixture(autouse=True)
 def plugin_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Each test starts and ends with no plugin loaded: the registry, the plugins' records,
-    the modules they imported, MODBENCH_METHODS_FROM and the parsed method strings as before."""
-    env = os.environ.pop(plugins.ENV, None)  # (load_plugins sets it: given back below)
-    methods_base.load_all()
-    registry, modules = dict(REGISTRY), set(sys.modules)
-    state = (dict(plugins._PLUGINS), dict(plugins._ORIGINS), plugins._env_loaded)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(registry)
-    temp = str(tmp_path_factory.getbasetemp())
-    for m in set(sys.modules) - modules:  # the plugins' modules (all in temporary folders)
-        if str(getattr(sys.modules[m], "__file__", None) or "").startswith(temp):
-            del sys.modules[m]
-    plugins._PLUGINS.clear()
-    plugins._PLUGINS.update(state[0])
-    plugins._ORIGINS.clear()
-    plugins._ORIGINS.update(state[1])
-    plugins._env_loaded = state[2]
-    methods_base._SPECS.clear()
-    if env is None:
-        os.environ.pop(plugins.ENV, None)
-    else:
-        os.environ[plugins.ENV] = env
+    """Each test starts and ends with no plugin loaded (tests.helpers.plugins_restored)."""
+    with plugins_restored(tmp_path_factory.getbasetemp()):
+        yield
 
 
 def sha(path: Path) -> str:

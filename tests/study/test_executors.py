@@ -40,7 +40,7 @@ from modbench.study.cluster import ExecutorOptions, check_options
 from modbench.study.runner import Job, _jobs, run_study
 from modbench.study.spec import expand, load_spec
 from modbench.study.store import Store
-from tests.helpers import torch_threads
+from tests.helpers import plugins_restored, torch_threads
 from tests.reliability.checks import run_differences
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -196,6 +196,33 @@ def test_ray_executor_equals_local(spec_file: Path, reference: Path, ray_instanc
     again = run_study(load_spec(spec_file), out, executor="ray", ensembles="off",
                       progress=False, options=ExecutorOptions(cpus_per_run=1))
     assert (again["already_done"], again["trained"]) == (N_RUNS, 0)
+
+
+@needs_ray
+def test_ray_tasks_load_the_spec_plugins(ray_instance: Path, tmp_path: Path,
+                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A spec's methods_from reaches the Ray tasks (their processes import the plugin from
+    the job): a method written outside the repository trains there and its runs record the
+    plugin's origin and hash."""
+    from modbench.methods.plugins import combined_hash
+    from tests.methods.test_plugins import rezero, sha
+
+    plugin = rezero(tmp_path / "lab", "raygate")
+    spec = dict(SPEC, name="ray-plugin", methods=["raygate"],
+                methods_from=["./lab/raygate.py"],
+                seeds={"default": [0], "noise_floor": [0], "anchors": []})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "study"
+    with plugins_restored(tmp_path_factory.getbasetemp()):
+        c = run_study(load_spec(tmp_path / "spec.yaml"), out, executor="ray",
+                      ensembles="off", progress=False, options=ExecutorOptions(cpus_per_run=1))
+    assert (c["trained"], c["failed"], c["failures"]) == (2, 0, [])
+    rows = Store(out).rows()
+    assert f"{socket.gethostname()}:{os.getpid()}" not in {r["worker"] for r in rows}
+    (run,) = [r for r in rows if r["method"] == "raygate"]
+    meta = yaml.safe_load((out / "runs" / run["key"] / "config.yaml").read_text())["meta"]
+    assert meta["methods"]["raygate"]["plugin"] == str(plugin)
+    assert meta["methods"]["raygate"]["sha256"] == combined_hash({"raygate.py": sha(plugin)})
 
 
 @needs_ray
