@@ -8,7 +8,8 @@ one line naming the import, the file and the line. The export records each metho
 
 The plugins are written to a temporary folder outside the repository and loaded with
 :func:`modbench.methods.plugins.load_plugins`; they are unloaded again at the end (their
-registry entries, origins and modules), so other tests see the catalogue as it was.
+registry entries, origins and modules: ``tests.helpers.plugins_restored``), so other tests
+see the catalogue as it was.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from modbench.methods import plugins
 from modbench.methods.base import REGISTRY
 from modbench.train.trainer import train
 from tests.eval.test_export import bare_python, make_run
-from tests.helpers import tiny
+from tests.helpers import plugins_restored, tiny
 
 __all__ = ["bare_python"]  # the fixture: a venv with torch and transformers only
 
@@ -193,9 +194,6 @@ XP_NUMPY = HEADTEMP.replace("import math\n", "import math\n\nimport numpy as np\
     '"xp_headtemp"', '"xp_numpy"').replace("class HeadTemp(", "class NumpyTemp(").replace(
     "math.log(init)", "float(np.log(init))")
 
-PLUGIN_MODULES = ("xp_headtemp", "xp_lab", "xp_numpy")
-
-
 @pytest.fixture(scope="module")
 def plugin_refs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The three plugins, written to a temporary folder and loaded; unloaded afterwards."""
@@ -207,15 +205,10 @@ def plugin_refs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         (folder / "xp_lab" / name).write_text(text)
     refs = {"xp_headtemp": str(folder / "xp_headtemp.py"), "xp_gate": str(folder / "xp_lab"),
             "xp_numpy": str(folder / "xp_numpy.py")}
-    loaded = plugins.load_plugins(list(refs.values()), export_env=False)
-    try:
+    with plugins_restored(folder):
+        plugins.load_plugins(list(refs.values()), export_env=False)
         yield refs
-    finally:
-        ours = {m for m in sys.modules if m.split(".")[0] in PLUGIN_MODULES}
-        before = set(sys.modules) - ours
-        for plugin in loaded:
-            plugins._forget(plugin, before)
-        assert not {"xp_headtemp", "xp_gate", "xp_numpy"} & set(REGISTRY)
+    assert not {"xp_headtemp", "xp_gate", "xp_numpy"} & set(REGISTRY)
 
 
 def _trained(folder: Path, method: str) -> Path:
