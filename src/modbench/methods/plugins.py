@@ -68,8 +68,11 @@ _env_loaded: str | None = None
 
 
 def is_builtin(cls: type) -> bool:
-    """Whether ``cls`` is one of the catalogue's methods (defined in ``modbench.methods``)."""
-    return cls.__module__.startswith(BUILTIN_PREFIX)
+    """Whether ``cls`` is one of the catalogue's methods (defined in ``modbench.methods``, or
+    in its flat copy ``modbench_methods_*.py`` inside a Hugging Face export)."""
+    module = cls.__module__
+    return module.startswith(BUILTIN_PREFIX) or module.rpartition(".")[2].startswith(
+        "modbench_methods_")
 
 
 # --- registration hooks (called by modbench.methods.base.register) -------------------------
