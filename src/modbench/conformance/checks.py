@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 #: every check, in the order they run (cheap first)
-CHECKS = ("entry", "options", "conflicts", "params", "flops", "init", "causal", "gradients",
-          "state_dict", "trains", "determinism", "compile", "export")
+CHECKS = ("entry", "options", "conflicts", "params", "forward", "flops", "init", "causal",
+          "gradients", "state_dict", "trains", "determinism", "compile", "export")
 #: the checks that take seconds per method rather than fractions of one
 SLOW_CHECKS = ("compile", "export")
 #: one line per check: what it compares (docs/methods.md's table says the same at length)
@@ -17,6 +17,7 @@ DESCRIPTIONS = {
                  "both",
     "params": "built model's parameters = baseline + extra_params (two shapes, and with the "
               "neighbour)",
+    "forward": "finite logits of the right shape, in training and evaluation mode",
     "flops": "extra_flops against torch's FLOP counter (forward 2 %, training 4 %)",
     "init": "starts_as_baseline: the baseline's logits at init, same seed",
     "causal": "a later token never changes an earlier position's logits",

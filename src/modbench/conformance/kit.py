@@ -27,6 +27,10 @@ The checks (``modbench methods check`` and docs/methods.md list the same):
     the built model's parameter count exceeds the baseline's by ``extra_params`` at the
     preset's shape and at a second shape (one more layer, full multi-head KV, untied head),
     and by the sum of both methods' ``extra_params`` with the neighbour.
+``forward``
+    a forward of the built model gives finite float32 logits of shape (batch, tokens,
+    vocabulary) and a finite auxiliary loss, in training and in evaluation mode, alone and
+    with the neighbour.
 ``flops``
     the analytic FLOPs (``extra_flops``, :func:`modbench.analysis.flops.flop_report`) agree
     with ``torch.utils.flop_counter`` (:func:`modbench.analysis.flops.measure_flops`): forward
@@ -480,6 +484,41 @@ def _check_params(s: Subject) -> str:
     return text
 
 
+def _forward(cfg: ModelConfig) -> None:
+    idx = _tokens(cfg, (2, min(32, cfg.max_seq_len)), 2)
+    want = (*idx.shape, cfg.vocab_size)
+    for mode in ("training", "evaluation"):
+        model = build_model(cfg, seed=0).train(mode == "training")
+        with torch.no_grad():
+            logits, aux = model(idx, with_aux=True)
+        if tuple(logits.shape) != want or logits.dtype != torch.float32:
+            raise CheckFailed(f"in {mode} mode the logits are {logits.dtype} of shape "
+                              f"{tuple(logits.shape)}, not float32 of shape {want}")
+        bad = int((~torch.isfinite(logits)).sum())
+        if bad:
+            raise CheckFailed(f"in {mode} mode {bad} of {logits.numel()} logits are not finite "
+                              f"(NaN or inf) at init")
+        if aux.dim() != 0 or not bool(torch.isfinite(aux)):
+            raise CheckFailed(f"in {mode} mode the auxiliary loss is {aux!r}, not a finite "
+                              "0-d tensor")
+
+
+def _check_forward(s: Subject) -> str:
+    _forward(s.model_cfg)
+    text = "finite float32 logits of shape (batch, tokens, vocabulary), finite auxiliary loss"
+    if s.composed is not None:
+        try:
+            _forward(s.with_method(s.composed))
+        except CheckFailed as e:
+            raise CheckFailed(f"with {s.neighbour}: {e}") from None
+        text += f"; with {s.neighbour} too"
+    return text + " (training and evaluation mode)"
+
+
+def _tokens(cfg: ModelConfig, shape: tuple[int, int], seed: int) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
 def flops_agree(cfg: ModelConfig, seq_len: int, *, train: bool = True) -> str:
     """Compare :func:`modbench.analysis.flops.flop_report` for ``cfg`` (its method string
     included; ``baseline`` too) with ``torch.utils.flop_counter``: forward within
@@ -525,10 +564,6 @@ def _check_flops(s: Subject) -> str:
             raise CheckFailed(f"with {s.neighbour}: {e}") from None
         text += f"; with {s.neighbour}: {with_text}"
     return text
-
-
-def _tokens(cfg: ModelConfig, shape: tuple[int, int], seed: int) -> torch.Tensor:
-    return torch.randint(0, cfg.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _logits(cfg: ModelConfig, seed: int, idx: torch.Tensor) -> torch.Tensor:
@@ -805,7 +840,7 @@ def _check_export(s: Subject) -> str:
 
 _CHECK_FUNCS: dict[str, Callable[[Subject], Any]] = {
     "entry": _check_entry, "options": _check_options, "conflicts": _check_conflicts,
-    "params": _check_params, "flops": _check_flops, "init": _check_init,
+    "params": _check_params, "forward": _check_forward, "flops": _check_flops, "init": _check_init,
     "causal": _check_causal, "gradients": _check_gradients, "state_dict": _check_state_dict,
     "trains": _check_trains, "determinism": _check_determinism, "compile": _check_compile,
     "export": _check_export,
