@@ -167,6 +167,16 @@ def test_unknown_task_is_one_line_with_close_names(tmp_path: Path,
     code, _, err = cli(capsys, "eval", str(run), "--tasks", "no_such_task", "--no-progress")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "unknown task 'no_such_task'" in err
+    # a name lm-eval does not know that is a file: lm-eval read it as a task file, unchecked,
+    # and imported the module its !function names
+    (tmp_path / "evilmod.py").write_text(
+        f"import pathlib\npathlib.Path({str(tmp_path / 'ran')!r}).write_text('ran')\n"
+        "def f(docs):\n    return docs\n")
+    evil = tmp_path / "evil.txt"
+    evil.write_text("task: evil\ndataset_path: json\nprocess_docs: !function evilmod.f\n")
+    code, _, err = cli(capsys, "eval", str(run), "--tasks", str(evil), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "is a file but not a task file" in err and not (tmp_path / "ran").exists()
     assert not (run / "eval.json").exists()
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.model import LM  # noqa: E402
+from tests.reliability.conftest import long_variant  # noqa: E402
 from tests.reliability.test_task_trust import EVIL, ROUTES, SHELL, _folder  # noqa: E402
 
 from modbench.errors import ModbenchError  # noqa: E402
@@ -148,3 +151,32 @@ def test_a_local_task_including_a_standard_one_passes(tmp_path: Path) -> None:
                            "\ntask: my_hellaswag\n"
                            "doc_to_text: '{{query.strip()}} {{ endings[label|int] }}'\n"})
     check_task_files([str(d / "mytask.yaml")], trust=False)
+
+
+@long_variant
+def test_every_installed_lm_eval_task_file_long(record: Any) -> None:
+    """All of lm-eval's own task files through the checks one by one (each with what it
+    includes): none refused for a template, a filter or a tag; the rest refused for a route
+    that does run code: `hf_evaluate` or a metric outside lm-eval's registry (a script from
+    the Hub), `trust_remote_code`, `unsafe_code`, promptsource's templates."""
+    from modbench.eval import harness as h
+
+    reasons: Counter[str] = Counter()
+    files = sorted(_installed().rglob("*.yaml"))
+    for path in files:
+        read: dict[Path, Any] = {}
+        todo = [path.resolve()]
+        while todo:
+            real = todo.pop().resolve()
+            if real not in read and real.is_file():
+                read[real] = h.read_task_yaml(real)
+                todo += h._includes(read[real], real)
+        real = path.resolve()
+        merged = h._merged(real, read)
+        what = (h._code_in(read[real], real) or h._config_problem(read[real], real)
+                or (h._metric_problem(merged) if isinstance(merged, dict) else None))
+        if what is not None:
+            reasons[what.split(" ")[0].rstrip(":")] += 1
+    record({"task files": len(files), "refused": sum(reasons.values()), "by field": reasons})
+    assert set(reasons) <= {"metric_list", "trust_remote_code", "unsafe_code", "use_prompt"}, \
+        reasons
