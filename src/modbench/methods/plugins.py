@@ -25,8 +25,6 @@ runs, not the file as it is later. A run records its methods' origins (``config.
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -150,6 +148,8 @@ def code_hashes(names: Iterable[str]) -> dict[str, str]:
     """The source hash of each outside method among ``names`` (built-ins are left out, so a
     method string of built-ins gives ``{}``); a method without source files (defined in an
     interactive session) hashes its class's name and module."""
+    import hashlib
+
     out: dict[str, str] = {}
     for n in names:
         rec = origin(n)
@@ -162,11 +162,15 @@ def code_hashes(names: Iterable[str]) -> dict[str, str]:
 def combined_hash(files: dict[str, str]) -> str:
     """One sha256 over a plugin's files (relative path and each file's sha256, sorted):
     where the files lie does not change it."""
+    import hashlib
+
     blob = "".join(f"{rel}\0{sha}\n" for rel, sha in sorted(files.items()))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _sha(path: Path) -> str:
+    import hashlib
+
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -226,6 +230,8 @@ def module_sources(module: str) -> dict[str, Path]:
     imports (statically, anywhere in the file, relative or absolute), and theirs in turn: the
     code a plugin brings. Package ``__init__`` files on the way are included. Modules of other
     packages (torch, modbench) are not followed."""
+    import ast
+
     top = module.split(".")[0]
     found: dict[str, Path] = {}
     todo = [module]
@@ -251,9 +257,11 @@ def module_sources(module: str) -> dict[str, Path]:
     return found
 
 
-def _imports(module: str, tree: ast.Module, is_package: bool) -> list[str]:
+def _imports(module: str, tree: Any, is_package: bool) -> list[str]:
     """The absolute module names ``tree`` imports (``from pkg import sub`` gives ``pkg`` and
     ``pkg.sub``: the name may be a submodule)."""
+    import ast
+
     package = module if is_package else module.rpartition(".")[0]
     out: list[str] = []
     for node in ast.walk(tree):

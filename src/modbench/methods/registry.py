@@ -6,8 +6,6 @@ neither imports the other's module back."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
 #: every registered method class, by name (built in, or from a plugin)
@@ -21,6 +19,9 @@ def load_builtins() -> dict[str, Any]:
     """Import every method module of ``modbench.methods`` (each registers its methods), once."""
     global _loaded
     if not _loaded:
+        import importlib
+        import pkgutil
+
         import modbench.methods as pkg
 
         for mod in pkgutil.iter_modules(pkg.__path__):
