@@ -360,3 +360,11 @@ def test_study_with_a_plugin_retrains_exactly_its_runs_after_an_edit(tmp_path: P
         assert (f"tiny/rezero/s{seed} is left out of the verdicts: it was trained with other "
                 "code than is loaded now (rezero: code changed (rezero.py); a run with the "
                 "loaded code replaces it)") in report
+    # in a notebook: the study folder names its plugin, so no flag either
+    import modbench as mb
+
+    study = mb.load_study(out)
+    assert len(study.runs) == 4 and set(study.runs["method"]) == {"baseline", "rezero"}
+    assert set(study.results.code_changed) == {"tiny/rezero/s0", "tiny/rezero/s1"}
+    assert list(study.verdicts["method"]) == ["baseline", "rezero"]
+    assert plugins.origin("rezero")["plugin"] == str(path)

@@ -343,6 +343,32 @@ def test_slurm_executor_on_submitit_local_equals_local_and_resumes_after_preempt
 
 
 @needs_submitit
+def test_slurm_tasks_load_the_spec_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A spec's methods_from reaches SLURM array tasks (submitit's local cluster here): the
+    plugin's method trains in the task's process and its run records the plugin."""
+    from tests.methods.test_plugins import rezero
+
+    plugin = rezero(tmp_path / "lab", "slurmgate")
+    spec = dict(SPEC, name="slurm-plugin", methods=["slurmgate"],
+                methods_from=[str(plugin)],
+                seeds={"default": [0], "noise_floor": [0], "anchors": []})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    _submitit_local(monkeypatch, StudyTask())
+    out = tmp_path / "study"
+    with plugins_restored(tmp_path_factory.getbasetemp()):
+        c = run_study(load_spec(tmp_path / "spec.yaml"), out, executor="slurm",
+                      ensembles="on", progress=False,
+                      options=ExecutorOptions(gpus_per_run=0, cpus_per_run=1, slurm_time=10))
+    assert (c["trained"], c["failed"], c["failures"]) == (2, 0, [])
+    rows = Store(out).rows()
+    assert all(r["lease"].startswith("slurm:") for r in rows)
+    (run,) = [r for r in rows if r["method"] == "slurmgate"]
+    meta = yaml.safe_load((out / "runs" / run["key"] / "config.yaml").read_text())["meta"]
+    assert meta["methods"]["slurmgate"]["plugin"] == str(plugin)
+
+
+@needs_submitit
 def test_a_failed_slurm_task_fails_its_runs_in_one_line(
         spec_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _submitit_local(monkeypatch, Crash())

@@ -28,7 +28,9 @@ def eval_command(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     trust_task_code: Annotated[bool, typer.Option(
         "--trust-task-code", help="Allow task YAML files (and what they include) to run "
-        "Python (`!function`, an included .py); only for task files you trust.")] = False,
+        "code: Python (`!function`, an included .py, process_docs/results), metric and "
+        "dataset scripts, templates reaching past the document (docs/reliability.md); only "
+        "for task files you trust.")] = False,
     methods_from: MethodsFrom = None,
 ) -> None:
     """Evaluate a trained run: validation loss; with --probes the offline capability probes;
