@@ -11,8 +11,10 @@ The index is SQLite in WAL mode with a busy timeout, so several worker processes
 machines sharing the folder on a file system with working locks) can claim and finish runs
 concurrently: a run is claimed with a conditional UPDATE, so two workers never train the same
 run. The run folders are the source of truth and the index a cache of them: an index that is
-empty (zero bytes), truncated or garbled is moved aside (``index.sqlite.damaged-<time>``) and
-rebuilt from the run folders (:func:`rebuild_rows`), with a one-line notice on stderr. The
+empty (zero bytes), truncated, garbled or of another schema (:func:`index_damage`) is moved
+aside (``index.sqlite.damaged-<time>``) and rebuilt from the run folders
+(:func:`rebuild_rows`), with a one-line notice on stderr; rows it lacks for run folders that
+are there (deleted rows) are added back from those folders, with a notice. The
 check and the rebuild run under an flock on ``DIR/.index.lock``, so processes opening the
 store at once neither rebuild twice nor mistake a new index for a damaged one.
 
@@ -113,12 +115,37 @@ class Store:
                 n = self._rebuild()
                 print(f"modbench: {self.root / INDEX} was {damage}; moved to {aside.name} and "
                       f"rebuilt from {n} run folder(s)", file=sys.stderr)
+            else:
+                self._restore_missing_rows()
 
-    def _rebuild(self) -> int:
-        rows = rebuild_rows(self.root)
+    def _restore_missing_rows(self) -> None:
+        """Rows the index lacks for run folders that are there (an index whose rows were
+        deleted, or one copied from elsewhere) are added back from the folders, with a one-line
+        notice; the rows it has are kept. A run's row is written before its folder (the runner
+        registers every run before a worker claims it), so the folders are listed first: a
+        folder seen has its row by the time the keys are read."""
+        runs = self.root / "runs"
+        folders = {f.name for f in runs.iterdir() if f.is_dir() and not f.is_symlink()}
+        if not folders:
+            return
+        with self._db() as db:
+            keys = {r[0] for r in db.execute("SELECT key FROM runs")}
+        missing = folders - keys
+        if not missing:
+            return
+        n = self._rebuild(missing, replace=False)
+        if n:
+            print(f"modbench: {self.root / INDEX} had no row for {n} of the run folders in "
+                  f"{runs}; added them back from those folders", file=sys.stderr)
+
+    def _rebuild(self, keys: set[str] | None = None, replace: bool = True) -> int:
+        """Write the rows of the run folders (only those named ``keys``), replacing rows
+        there (else keeping them); how many rows the folders gave."""
+        rows = rebuild_rows(self.root, keys)
+        verb = "REPLACE" if replace else "IGNORE"
         with self._db() as db:
             for r in rows:
-                db.execute("INSERT OR REPLACE INTO runs (key, scale, method, seed, state, status, "
+                db.execute(f"INSERT OR {verb} INTO runs (key, scale, method, seed, state, status, "
                            "finished_at, summary, eval) VALUES (?,?,?,?,?,?,?,?,?)",
                            (r["key"], r["scale"], r["method"], r["seed"], r["state"],
                             r["status"], r["finished_at"], r["summary"], r["eval"]))
@@ -243,14 +270,63 @@ def index_damage(path: Path) -> str | None:
         db = sqlite3.connect(path, timeout=60)
         try:
             ok = db.execute("PRAGMA quick_check").fetchone()
-            db.execute("SELECT count(*) FROM runs").fetchone()
+            wrong = _schema_problem(db)
+            if wrong is None:
+                db.execute("SELECT count(*) FROM runs").fetchone()
         finally:
             db.close()
     except sqlite3.DatabaseError as e:
         return f"damaged ({str(e).splitlines()[0][:80]})"
     if not ok or ok[0] != "ok":
         return f"damaged (integrity check: {str(ok[0] if ok else '?')[:80]})"
+    if wrong is not None:
+        return f"of the wrong schema ({wrong[:120]})"
     return None
+
+
+def _expected_columns() -> list[tuple[Any, ...]]:
+    """``PRAGMA table_info(runs)`` of an index made by :data:`SCHEMA`."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(SCHEMA)
+        return [tuple(r) for r in db.execute("PRAGMA table_info(runs)")]
+    finally:
+        db.close()
+
+
+def _schema_problem(db: sqlite3.Connection) -> str | None:
+    """What differs between an index's schema and :data:`SCHEMA` (None: nothing; an index
+    written before leases, without that column, is right): the ``runs`` table's columns,
+    their types, constraints and defaults, and nothing else in the file (a view, another
+    index or a trigger would change what the store's statements do)."""
+    objects = sorted((str(t), str(n)) for t, n in db.execute(
+        "SELECT type, name FROM sqlite_master"))
+    if ("table", "runs") not in objects:
+        return "'runs' is a view, not a table" if ("view", "runs") in objects else "no table 'runs'"
+    extra = [f"{t} '{n}'" for t, n in objects if (t, n) != ("table", "runs")
+             and n != "sqlite_autoindex_runs_1" and not n.startswith("sqlite_stat")]
+    if extra:  # a trigger or an index could refuse or change the store's writes
+        return f"an unknown {extra[0]}"
+    # (the store names its columns in every statement: their order does not matter)
+    have = {r[1]: tuple(r)[2:] for r in db.execute("PRAGMA table_info(runs)")}
+    want = {c[1]: c[2:] for c in _expected_columns()}
+    for name, form in want.items():
+        if name not in have:
+            if name != "lease":  # an index written before leases gets the column
+                return f"no column '{name}' in table runs"
+        elif have[name] != form:
+            return (f"column '{name}' of table runs is {_column_words(have[name])}, not "
+                    f"{_column_words(form)}")
+    extra = [name for name in have if name not in want]
+    return f"an unknown column '{extra[0]}' in table runs" if extra else None
+
+
+def _column_words(form: tuple[Any, ...]) -> str:
+    """A column's type, NOT NULL, default and primary key (``table_info``'s last four)."""
+    kind, notnull, default, pk = form
+    return " ".join([str(kind or "untyped")] + (["NOT NULL"] if notnull else [])
+                    + ([f"DEFAULT {default}"] if default is not None else [])
+                    + (["PRIMARY KEY"] if pk else []))
 
 
 def _move_aside(path: Path) -> Path:
@@ -263,8 +339,9 @@ def _move_aside(path: Path) -> Path:
     return aside
 
 
-def rebuild_rows(root: Path) -> list[dict[str, Any]]:
-    """The index rows of the run folders under ``ROOT/runs``: a finished run (its
+def rebuild_rows(root: Path, keys: set[str] | None = None) -> list[dict[str, Any]]:
+    """The index rows of the run folders under ``ROOT/runs`` (those named ``keys``, or all):
+    a finished run (its
     ``summary.json``) done with its summary and ``eval.json``, any other pending (a later
     ``study run`` resumes it). Scale, method and seed come from the study's ``spec.yaml`` where
     it names the run's key, else from the run's ``config.yaml``."""
@@ -282,6 +359,8 @@ def rebuild_rows(root: Path) -> list[dict[str, Any]]:
         if not folder.is_dir() or folder.is_symlink():
             continue
         key = folder.name
+        if keys is not None and key not in keys:
+            continue
         if key in named:
             scale, method, seed = named[key]
         else:
