@@ -63,6 +63,16 @@ methods_app = typer.Typer(
 app.add_typer(methods_app, name="methods")
 
 
+def _mount_methods_commands() -> None:
+    from modbench.conformance.cli import check_command, new_command
+
+    methods_app.command(name="check")(check_command)
+    methods_app.command(name="new")(new_command)
+
+
+_mount_methods_commands()
+
+
 @methods_app.callback()
 def methods(
     ctx: typer.Context,

@@ -74,6 +74,17 @@ def test_listed_and_flops_with_the_flag(tmp_path: Path) -> None:
     assert row["flops_ratio"] == 1.0
 
 
+def test_the_conformance_kit_passes_it(tmp_path: Path) -> None:
+    """`modbench methods check` (every check, compile and export included) on the example."""
+    r = modbench("methods", "check", "headtemp", "--methods-from", str(PLUGIN), "--json",
+                 cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    checks = {c["name"]: c["status"] for c in result["results"]}
+    assert set(checks.values()) == {"passed"}, checks
+    assert {"init", "params", "flops", "compile", "export", "trains"} <= set(checks)
+
+
 def test_study_status_report_and_notebook(study: Path,
                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """The study folder names its plugin: status and report need no flag; every run records
