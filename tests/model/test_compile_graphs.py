@@ -19,6 +19,8 @@ from typer.testing import CliRunner
 from modbench.analysis.compile_check import _Recorder, check_method
 from modbench.cli import app
 from modbench.config import resolve
+from modbench.conformance.kit import NO_NEIGHBOUR, PASSED, CheckResult, compile_verdict
+from modbench.conformance.kit import check_method as kit_check
 from modbench.methods import load_all
 from modbench.methods._common import set_step
 from modbench.methods.build import build_model
@@ -41,30 +43,41 @@ def check(method: str, checkpointing: bool) -> Any:
 
 
 @pytest.fixture(scope="module")
-def plain_rows() -> dict[str, Any]:
-    """The whole registry without checkpointing, as ``modbench bench --compile-check`` runs
-    it, traced once for the tests below that read its rows (the checkpointing half of the
-    sweep is test_compile_graphs_checkpointing.py, a file of its own so that the two halves
-    run in parallel under ``-n 2 --dist loadfile``)."""
-    from modbench.analysis.compile_check import run_compile_check
-
+def plain_results() -> dict[str, Any]:
+    """The conformance kit's compile check (``modbench methods check --check compile``) on
+    every registered method, and its verdict on the baseline's row: the whole registry without
+    checkpointing, as ``modbench bench --compile-check`` runs it, traced once for the tests
+    below (the checkpointing half of the sweep is test_compile_graphs_checkpointing.py, a
+    file of its own so that the two halves run in parallel under ``-n 2 --dist loadfile``)."""
     # one thread, as the tests' one_thread fixture gives, which a module fixture is set up before
     with torch_threads(1):
-        rows = run_compile_check(["baseline", *sorted(load_all())], modes=(False,),
-                                 apply_checkpointing=apply_activation_checkpointing,
-                                 progress=False)
-    return {row.method: row for row in rows}
+        row = check_method("baseline", checkpointing=False)
+        status, detail = compile_verdict(row)
+        results = {"baseline": CheckResult("compile", status, detail, data=row)}
+        for name in sorted(load_all()):
+            (results[name],) = kit_check(name, checks=["compile"], neighbour=NO_NEIGHBOUR)
+    return results
+
+
+@pytest.fixture(scope="module")
+def plain_rows(plain_results: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's rows (CompileRow), by method."""
+    return {name: r.data for name, r in plain_results.items()}
 
 
 def test_every_method_that_does_not_declare_breaks_is_one_graph(
-        plain_rows: dict[str, Any]) -> None:
+        plain_results: dict[str, Any], plain_rows: dict[str, Any]) -> None:
     """The whole registry, as ``modbench bench --compile-check`` runs it (issue 28's "Done
     when": the baseline and at least 40 methods one graph, no break, with and without
-    checkpointing), without checkpointing: every method without a declaration gives 1 graph,
-    0 breaks and 0 recompiles. With checkpointing (test_compile_graphs_checkpointing.py)
-    each of them gives the same or is refused for a forward that updates buffers, and at
-    least 40 besides the baseline are not refused: those are one graph in both modes."""
-    assert set(plain_rows) == {"baseline", *load_all()}
+    checkpointing), without checkpointing: the kit's compile check passes for every method
+    (1 graph, 0 breaks and 0 recompiles; or, where declared, breaks that are there). With
+    checkpointing (test_compile_graphs_checkpointing.py) each of them gives the same or is
+    refused for a forward that updates buffers, and at least 40 besides the baseline are not
+    refused: those are one graph in both modes."""
+    assert set(plain_results) == {"baseline", *load_all()}
+    failed = {name: r.detail for name, r in plain_results.items() if not r.passed}
+    assert not failed, failed
+    assert {r.data.method for r in plain_results.values()} == set(plain_results)
     _, refused = one_graph_methods(plain_rows.values(), checkpointing=False)
     assert not refused
 
@@ -83,7 +96,8 @@ def one_graph_methods(rows: Iterable[Any], *, checkpointing: bool) -> tuple[set[
             assert checkpointing and "updates buffers" in row.note, row
             refused.add(row.method)
             continue
-        assert (row.graphs, row.graph_breaks, row.recompiles, row.reasons) == (1, 0, 0, []), row
+        status, detail = compile_verdict(row)  # the kit's compile check: one graph
+        assert status == PASSED and row.reasons == [], (row, detail)
         clean.add(row.method)
     assert "baseline" in clean
     assert len(clean - {"baseline"}) >= 40, sorted(clean)

@@ -58,7 +58,7 @@ The checks (``modbench methods check`` and docs/methods.md list the same):
     built-ins that need less) below the first five's, and the final validation loss that much
     below the initial one.
 ``determinism``
-    two identical short runs (4 steps) give identical losses, gradient norms and final
+    two identical short runs (3 steps) give identical losses, gradient norms and final
     validation loss.
 ``compile`` (slow)
     ``torch.compile`` of the training forward (:mod:`modbench.analysis.compile_check`, no
@@ -111,7 +111,7 @@ from modbench.model.transformer import baseline_spec
 NO_NEIGHBOUR = ""
 
 TRAIN_STEPS = 30
-DETERMINISM_STEPS = 4
+DETERMINISM_STEPS = 3
 DEFAULT_MIN_DROP = 0.3
 #: the built-ins whose 30 tiny steps drop less than :data:`DEFAULT_MIN_DROP` for a known reason:
 #: nGPT does not carry the shared learning rate over to width 64: under the frozen recipe it
@@ -792,6 +792,20 @@ def _check_compile(s: Subject) -> tuple[str, str, Any]:
 EXPORT_IMPORTS = frozenset({"torch", "transformers", "yaml"})
 
 
+def _load_quietly(auto: Any, folder: Path) -> Any:
+    """``auto.from_pretrained(folder, trust_remote_code=True)`` in evaluation mode, without
+    transformers' weight-loading progress bar (its setting given back afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return auto.from_pretrained(folder, trust_remote_code=True).eval()
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def _check_export(s: Subject) -> str:
     try:
         import safetensors  # noqa: F401
@@ -818,7 +832,7 @@ def _check_export(s: Subject) -> str:
             raise CheckFailed(f"the exported {f.name} imports {', '.join(outside)}; an export "
                               "may import only the standard library, torch, transformers and "
                               "yaml")
-    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    hf = _load_quietly(AutoModelForCausalLM, out)
     decoder = getattr(hf, "model", None)
     where = type(decoder).__module__ if decoder is not None else type(hf).__module__
     if not (where.startswith("transformers_modules.")
@@ -891,8 +905,8 @@ def check_method(method: str, *, preset: str = "tiny", checks: Iterable[str] | N
     ``skip``: checks to leave out. ``neighbour``: the method it is also checked composed with
     (default: the first of :data:`NEIGHBOURS` that fits; :data:`NO_NEIGHBOUR` for none).
     ``min_drop``: the loss drop the ``trains`` check asks for (default :data:`MIN_DROP`'s
-    entry, else 0.3). ``workdir``: where the training runs and the export go (default a
-    temporary folder, removed afterwards). ``on_result`` is called with each result as it
+    entry, else 0.3). ``workdir``: a new or empty folder for the training runs and the export
+    (default a temporary folder, removed afterwards). ``on_result`` is called with each result as it
     comes. A failing check does not stop the others.
 
     Raises :class:`ModbenchError` for an unknown method, option, preset or check, and for
@@ -912,6 +926,10 @@ def check_method(method: str, *, preset: str = "tiny", checks: Iterable[str] | N
         chosen, note = neighbour, ""
     drop = min_drop if min_drop is not None else min(
         MIN_DROP.get(m.name, DEFAULT_MIN_DROP) for m in spec.methods)
+    if workdir is not None and Path(workdir).exists() and (
+            not Path(workdir).is_dir() or any(Path(workdir).iterdir())):
+        raise ModbenchError(f"--workdir {workdir} exists and is not an empty folder; give a "
+                            "new or empty one (the checks' runs and export are written there)")
     with tempfile.TemporaryDirectory(prefix="modbench-check-") as tmp:
         folder = Path(workdir) if workdir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
