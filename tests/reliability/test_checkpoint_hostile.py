@@ -1,7 +1,9 @@
 """Well-formed but wrong run-folder files (modbench.runtime.checkpoint.check_checkpoint,
-check_resumable): a checkpoint without ``model`` or with a bad ``step``, a negative or huge
-``metrics_offset``, a ``metrics.jsonl`` that is a symbolic link: one line (exit 2) from every
-reader, and nothing truncated, extended or followed."""
+check_resumable, check_weights, check_optimizer_state): a checkpoint without ``model`` or with
+a bad ``step``, a negative or huge ``metrics_offset``, weights or an optimizer state of another
+model (a tensor missing, extra, of another shape or kind), a ``metrics.jsonl`` that is a
+symbolic link: one line (exit 2) from every reader, naming the first offending tensor, and
+nothing truncated, extended or followed."""
 
 from __future__ import annotations
 
@@ -58,6 +60,17 @@ BAD: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "model-not-tensors": (lambda s: s.update(model={"w": [1, 2]}), "no 'model' mapping"),
     "step-string": (lambda s: s.update(step="six"), "'step' is 'six'"),
     "negative-offset": (lambda s: s.update(metrics_offset=-5), "'metrics_offset' is -5"),
+    # well-formed, of another model (issue 47: load_state_dict's RuntimeError tracebacks):
+    # one line naming the first tensor that does not fit
+    "tensor-shape": (lambda s: s["model"].update({"embed.weight": torch.zeros(7, 3)}),
+                     "tensor 'embed.weight' has shape (7, 3) there and"),
+    "missing-tensor": (lambda s: s["model"].pop("final_norm.weight"),
+                       "it lacks tensor 'final_norm.weight'"),
+    "extra-tensor": (lambda s: s["model"].update({"extra.weight": torch.zeros(3)}),
+                     "it has tensor 'extra.weight', which the model does not"),
+    "complex-tensor": (lambda s: s["model"].update(
+        {"final_norm.weight": s["model"]["final_norm.weight"].to(torch.complex64)}),
+        "tensor 'final_norm.weight' holds torch.complex64 there"),
 }
 
 
@@ -91,6 +104,29 @@ def test_missing_training_keys_refused_on_resume(trained: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(trained, tmp_path, lambda s: s.pop("optimizer"))
     assert "no optimizer" in _one_line(capsys, *TRAIN, "--out", str(run), "--resume")
+
+
+def _first_moment(s: dict[str, Any]) -> None:
+    s["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3, 3)
+
+
+def _drop_a_parameter(s: dict[str, Any]) -> None:
+    s["optimizer"]["param_groups"][0]["params"].pop()
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (_first_moment, "the optimizer's 'exp_avg' of 'embed.weight' has shape (3, 3) there"),
+    (_drop_a_parameter, "its optimizer state has parameter groups of ["),
+])
+def test_optimizer_state_of_another_model_refused_on_resume(
+        trained: Path, tmp_path: Path, change: Callable[[dict[str, Any]], None], expected: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The optimizer state's shapes are checked before it loads (a moment of the wrong shape
+    loaded silently and broke the first step with a RuntimeError)."""
+    run = _copy(trained, tmp_path, change)
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
+    assert expected in _one_line(capsys, *TRAIN, "--out", str(run), "--resume")
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
 
 
 def test_symlinked_metrics_not_followed_on_resume(trained: Path, tmp_path: Path,

@@ -24,7 +24,7 @@ from modbench.eval.probes import probe_sets, score
 from modbench.fsutil import atomic_write_text
 from modbench.methods._common import set_step
 from modbench.methods.build import build_model
-from modbench.runtime.checkpoint import load_checkpoint
+from modbench.runtime.checkpoint import load_checkpoint, load_weights
 from modbench.runtime.data import open_data
 from modbench.runtime.device import resolve_device
 from modbench.runtime.loss import finite_or_none, perplexity, validation_loss
@@ -66,7 +66,7 @@ def load_run(run_dir: Path, device: torch.device | None = None) -> tuple[Any, to
         cfg.train.micro_batch_size = chosen if isinstance(chosen, int) else None
     state = load_checkpoint(run_dir / CHECKPOINT)
     model = build_model(cfg.model, seed=cfg.seed)
-    model.load_state_dict(state["model"])
+    load_weights(model, state["model"], run_dir / CHECKPOINT)
     step = int(state["step"])
     set_step(model, max(step - 1, 0), cfg.train.steps)
     model.to(device or "cpu").eval()

@@ -265,7 +265,7 @@ def load_norm_free(out_dir: str | Path, device: str | torch.device = "cpu"
     (its norms are fixed linear maps; ``model(idx)`` gives logits)."""
     from modbench.config import resolve
     from modbench.methods.build import build_model
-    from modbench.runtime.checkpoint import load_checkpoint
+    from modbench.runtime.checkpoint import load_checkpoint, load_weights
 
     out = Path(out_dir)
     if not (out / MODEL_FILE).is_file() or not (out / "config.yaml").is_file():
@@ -282,6 +282,6 @@ def load_norm_free(out_dir: str | Path, device: str | torch.device = "cpu"
             raise ModbenchError(f"{out}/{MODEL_FILE} has no state for norm {s.name}; it was "
                                 "written for another model")
         s.norm.load_state(saved[s.name])
-    model.load_state_dict(state["model"])
+    load_weights(model, state["model"], out / MODEL_FILE, what="the model of its config.yaml")
     track_tokens(model, tokens)
     return cfg, model.to(device).eval()

@@ -146,6 +146,118 @@ def check_checkpoint(state: dict[str, Any], path: Path) -> None:
         raise _not_modbench(path, f"'metrics_offset' is {offset!r}, not a byte count")
 
 
+
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape)).replace(",)", ")")
+
+
+def _kind(t: torch.Tensor) -> str:
+    """What a tensor's values are, as far as copying one into another goes."""
+    return "complex" if t.is_complex() else "floating" if t.is_floating_point() else (
+        "bool" if t.dtype == torch.bool else "integer")
+
+
+def weights_problem(expected: dict[str, Any], weights: dict[str, Any]) -> str | None:
+    """The first tensor of ``weights`` (a checkpoint's ``model``) that does not fit the
+    model whose ``state_dict()`` is ``expected``, in words (None: every name, shape and kind
+    of value fits): a tensor the model has and the checkpoint lacks, one whose shape or kind
+    (floating, complex, integer, bool) differs, one the model does not have."""
+    for name, want in expected.items():
+        if not isinstance(want, torch.Tensor):
+            continue
+        have = weights.get(name)
+        if have is None:
+            return f"it lacks tensor '{name}' (one of the {len(expected)} the model has)"
+        if not isinstance(have, torch.Tensor):
+            return f"its '{name}' is not a tensor"
+        if tuple(have.shape) != tuple(want.shape):
+            return (f"tensor '{name}' has shape {_shape(have)} there and {_shape(want)} in "
+                    "the model")
+        if _kind(have) != _kind(want):
+            return (f"tensor '{name}' holds {have.dtype} there and {want.dtype} in the model "
+                    f"({_kind(have)} values, not {_kind(want)})")
+    extra = [name for name in weights if name not in expected]
+    if extra:
+        return f"it has tensor '{extra[0]}', which the model does not"
+    return None
+
+
+def _does_not_fit(path: Path, problem: str, model: str) -> ModbenchError:
+    return ModbenchError(f"checkpoint {path} does not fit {model}: {problem}; use the "
+                         "checkpoint written with this config (or a copy of it from before), or "
+                         "train again into a new --out")
+
+
+def check_weights(model: torch.nn.Module, weights: dict[str, Any], path: Path, *,
+                  what: str = "the run's model (its config.yaml)") -> None:
+    """Refuse, in one line naming the first offending tensor (:func:`weights_problem`), a
+    checkpoint's weights that ``model`` cannot load (``load_state_dict`` would raise a
+    ``RuntimeError`` listing every mismatch, or cast complex values to real)."""
+    problem = weights_problem(model.state_dict(), weights)
+    if problem is not None:
+        raise _does_not_fit(path, problem, what)
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, Any], path: Path, *,
+                 what: str = "the run's model (its config.yaml)") -> None:
+    """``model.load_state_dict(weights)`` after :func:`check_weights`: the checkpoint at
+    ``path`` loaded into ``model``, or one line saying which tensor does not fit."""
+    check_weights(model, weights, path, what=what)
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, ValueError, TypeError) as e:  # what the check cannot foresee
+        raise _does_not_fit(path, first_line(e), what) from e
+
+
+def first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[0] if lines else e.__class__.__name__)[:200]
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any, path: Path,
+                          names: dict[int, str] | None = None) -> None:
+    """Refuse, in one line, a checkpoint's optimizer state that ``optimizer`` cannot take:
+    groups of other sizes than the optimizer's, or a per-parameter state tensor (Adam's
+    moments, Muon's momentum) whose shape is not its parameter's (the step would raise a
+    ``RuntimeError``). ``names``: parameter names by ``id`` of the parameter, for the message.
+    An optimizer made of optimizers (Muon with AdamW: ``{"muon": …, "adamw": …}``) is checked
+    part by part; a state of a layout this does not know is left to the optimizer's own
+    ``load_state_dict``."""
+    if not isinstance(saved, dict):
+        raise _not_modbench(path, "its 'optimizer' is not a mapping")
+    if "param_groups" not in saved:
+        for key, part in saved.items():
+            inner = getattr(optimizer, str(key), None)
+            if isinstance(inner, torch.optim.Optimizer):
+                check_optimizer_state(inner, part, path, names)
+        return
+    groups, state = saved.get("param_groups"), saved.get("state", {})
+    if not isinstance(groups, list) or not isinstance(state, dict) or not all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise _not_modbench(path, "its optimizer state has no list of parameter groups")
+    have = [len(g["params"]) for g in groups]
+    want = [len(g["params"]) for g in optimizer.param_groups]
+    if have != want:
+        raise _does_not_fit(path, f"its optimizer state has parameter groups of {have} "
+                            f"parameters, the run's optimizer {want}", "the run's optimizer")
+    params = {i: p for g, live in zip(groups, optimizer.param_groups, strict=True)
+              for i, p in zip(g["params"], live["params"], strict=True)}
+    for i, entry in state.items():
+        param = params.get(i)
+        if param is None:
+            raise _does_not_fit(path, f"its optimizer state names parameter {i!r}, which no "
+                                "group holds", "the run's optimizer")
+        if not isinstance(entry, dict):
+            raise _not_modbench(path, f"the optimizer state of parameter {i!r} is not a "
+                                "mapping")
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0 and (
+                    tuple(value.shape) != tuple(param.shape)):
+                name = (names or {}).get(id(param), f"parameter {i}")
+                raise _does_not_fit(
+                    path, f"the optimizer's '{key}' of '{name}' has shape {_shape(value)} there "
+                    f"and the parameter {_shape(param)}", "the run's optimizer")
+
 #: what a checkpoint must hold to resume training from it, besides check_checkpoint's
 TRAINING_KEYS = ("optimizer", "train_time", "initial_val_loss", "metrics_offset")
 

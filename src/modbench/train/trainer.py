@@ -63,8 +63,11 @@ from modbench.methods.build import plan_run, reads_train_seq_len
 from modbench.runtime.callback import Callback
 from modbench.runtime.checkpoint import (
     Preempted,
+    check_optimizer_state,
     check_resumable,
+    check_weights,
     checkpoint_step,
+    first_line,
     load_checkpoint,
     previous_path,
     save_checkpoint,
@@ -690,7 +693,19 @@ class Trainer:
         if self.world.main:  # keys, offset and log checked before the log is cut back
             check_resumable(state, path, m.out / METRICS)
         self._check_same_data(m, state.get("data_fingerprint"))
-        self.engine.load_state_dict(m.index, state)
+        # the weights' and the optimizer state's names and shapes, in one line naming the
+        # first tensor that does not fit (else load_state_dict's RuntimeError, or the step's)
+        model, optimizer = self.engine.models[m.index], self.engine.optimizers[m.index]
+        check_weights(model, state["model"], path)
+        check_optimizer_state(optimizer, state["optimizer"], path,
+                              {id(p): name for name, p in model.named_parameters()})
+        try:
+            self.engine.load_state_dict(m.index, state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise ModbenchError(f"checkpoint {path} does not load into the run's model and "
+                                f"optimizer ({e.__class__.__name__}: "
+                                f"{first_line(e)}); use the checkpoint written with this "
+                                "config, or train again into a new --out") from e
         step = int(state["step"])
         m.prog = Progress(step=step, train_time=state["train_time"],
                           initial_val=state["initial_val_loss"],
