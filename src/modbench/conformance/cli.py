@@ -31,9 +31,10 @@ def check_command(
         help="The method to check: a name or a method string, e.g. qknorm or "
              "'layerscale(init=1e-4)' or post_ln+qknorm.")],
     methods_from: Annotated[list[str] | None, typer.Option(
-        "--methods-from", metavar="REF",
-        help="Load methods from a .py file, a package folder or a module first "
-             "(repeatable).")] = None,
+        "--methods-from", metavar="PLUGIN",
+        help="Load your own methods from this .py file, package folder or module first "
+             "(repeatable; also MODBENCH_METHODS_FROM; docs/methods.md).",
+        show_default=False)] = None,
     check: Annotated[list[str] | None, typer.Option(
         "--check", metavar="NAME",
         help="Run only these checks (repeatable, or comma-separated; 'slow' is compile and "
@@ -52,8 +53,8 @@ def check_command(
              "geglu, layerscale, softcap, ssmax that fills none of its slots; 'none': "
              "alone only).")] = None,
     workdir: Annotated[Path | None, typer.Option(
-        "--workdir", help="Keep the training runs and the export here (default: a "
-        "temporary folder, removed).")] = None,
+        "--workdir", help="Keep the training runs and the export in this new or empty "
+        "folder (default: a temporary folder, removed).")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print JSON: the method, the preset and every check's result.")
     ] = False,
