@@ -6,8 +6,6 @@ written."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,37 +13,18 @@ import pytest
 
 from modbench.conformance.scaffold import SCAFFOLD_SLOTS, write_method
 from modbench.errors import ModbenchError
-from modbench.methods import base as methods_base
 from modbench.methods import plugins
 from modbench.methods.base import REGISTRY
+from tests.helpers import plugins_restored
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
 def no_plugins_after(tmp_path: Path) -> Iterator[None]:
-    """The registry, the plugins' records, their modules, MODBENCH_METHODS_FROM and the parsed
-    method strings as they were before the test (load_plugins changes all of them)."""
-    env = os.environ.pop(plugins.ENV, None)
-    methods_base.load_all()
-    registry, modules = dict(REGISTRY), set(sys.modules)
-    state = (dict(plugins._PLUGINS), dict(plugins._ORIGINS), plugins._env_loaded)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(registry)
-    for m in set(sys.modules) - modules:
-        if str(getattr(sys.modules[m], "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[m]
-    plugins._PLUGINS.clear()
-    plugins._PLUGINS.update(state[0])
-    plugins._ORIGINS.clear()
-    plugins._ORIGINS.update(state[1])
-    plugins._env_loaded = state[2]
-    methods_base._SPECS.clear()
-    if env is None:
-        os.environ.pop(plugins.ENV, None)
-    else:
-        os.environ[plugins.ENV] = env
+    """No plugin left loaded after the test (tests.helpers.plugins_restored)."""
+    with plugins_restored(tmp_path):
+        yield
 
 
 @pytest.mark.parametrize("slot", sorted(SCAFFOLD_SLOTS))
