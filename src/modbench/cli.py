@@ -313,13 +313,24 @@ def plan_command(
 
     Example: modbench plan --spec seed002-3b --nproc 8 --parallel fsdp --json
     """
-    from modbench.analysis.plan import gb, plan_or_needs
+    from modbench.analysis.plan import check_plannable, gb, plan_or_needs
     from modbench.config import apply_override, resolve
     from modbench.methods.build import plan_run
     from modbench.runtime.gpus import lookup
     from modbench.train.recompute import apply_activation_checkpointing
 
     try:
+        # the options by themselves, before a plugin, a spec or a model is loaded
+        if nproc < 1:
+            raise ModbenchError(f"--nproc must be at least 1 (one process a GPU), got {nproc}")
+        if micro_batch is not None and micro_batch < 1:
+            raise ModbenchError(f"--micro-batch must be at least 1 sequence, got {micro_batch}; "
+                                "leave it out to plan the largest that fits")
+        if ensembles < 1:
+            raise ModbenchError(f"--ensembles must be at least 1 (seeds stacked in one "
+                                f"process), got {ensembles}")
+        if parallel is not None and parallel not in ("ddp", "fsdp"):
+            raise ModbenchError(f"--parallel must be ddp or fsdp, got {parallel!r}")
         use_plugins(methods_from)
         device = lookup(gpu)
         cases: list[Any] = []
@@ -332,11 +343,13 @@ def plan_command(
                     seen.add((r.scale, r.method))
                     for item in set_ or []:
                         apply_override(r.config, item)
+                    check_plannable(r.config)  # absurd shapes, by arithmetic, before a trace
                     cases.append(r.config)
         else:
             for p in preset or ["cpu-small"]:
                 for m in method or ["baseline"]:
                     cfg = resolve(p, method=m, overrides=list(set_ or []))
+                    check_plannable(cfg)  # absurd shapes, by arithmetic, before a model
                     plan_run(cfg)  # the method string checked as `train` checks it
                     cases.append(cfg)
         plans = [plan_or_needs(cfg, device, micro_batch=micro_batch, nproc=nproc,

@@ -83,6 +83,15 @@ FIXED_ALLOWANCE = {"cuda": 2 * 2**30, "cpu": 2**29}
 #: CUDA libraries, the data loader's buffers): :func:`host_memory_bytes`.
 HOST_RUNTIME_BYTES = 4 * 2**30
 FP32 = 4
+#: The most layers a plan traces. Tracing costs time in the number of operators, not in the
+#: tensors' sizes (they are fake): about 0.4 s a layer on a CPU core for the few micro-batches
+#: a plan traces, so 1,024 layers take minutes and ``model.n_layers=100000`` would take half a
+#: day (and gigabytes for the modules alone). Refused by :func:`check_plannable` before
+#: anything is built.
+MAX_PLANNED_LAYERS = 1024
+#: The largest ``train.batch_size`` a plan looks for micro-batches in (its divisors are found
+#: by trial division up to the square root: 2^20 divisions at most).
+MAX_PLANNED_BATCH = 2**40
 
 #: A function that makes a model recompute its blocks' activations in the backward
 #: (``modbench.train.recompute.apply_activation_checkpointing``; the train layer passes it in,
@@ -488,8 +497,28 @@ class _Context:
     device_type: str
 
 
+def check_plannable(cfg: RunConfig) -> None:
+    """Refuse, by arithmetic on the config and before any model is built or traced, a run
+    whose plan would take hours (more than :data:`MAX_PLANNED_LAYERS` layers to trace) or a
+    batch whose micro-batches cannot be searched (more than :data:`MAX_PLANNED_BATCH`
+    sequences)."""
+    layers = cfg.model.n_layers
+    if layers > MAX_PLANNED_LAYERS:
+        raise ModbenchError(
+            f"cannot plan the memory of model.n_layers={layers}: a plan traces every layer's "
+            f"forward and backward (about 0.4 s a layer on a CPU core) and traces at most "
+            f"{MAX_PLANNED_LAYERS}; plan a model of at most {MAX_PLANNED_LAYERS} layers (a "
+            "run given train.micro_batch_size as a number trains without a plan)")
+    batch = cfg.train.batch_size
+    if batch > MAX_PLANNED_BATCH:
+        raise ModbenchError(
+            f"cannot plan train.batch_size={batch}: a plan searches the micro-batches of at "
+            f"most {MAX_PLANNED_BATCH} sequences a step; use a smaller batch")
+
+
 def _context(cfg: RunConfig, device_type: str,
              checkpointing: Checkpointing | None) -> _Context:
+    check_plannable(cfg)
     run, p = plan_run(cfg)
     prec = run.recipe.precision
     bf16 = bf16_forward(prec, device_type)
@@ -509,8 +538,10 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
           parallel: str, ensembles: int, margin: float) -> MemoryPlan:
     if micro_batch < 1:
         raise ModbenchError(f"the micro-batch must be at least 1, got {micro_batch}")
-    if nproc < 1 or ensembles < 1:
-        raise ModbenchError(f"nproc and ensembles must be at least 1, got {nproc}, {ensembles}")
+    if nproc < 1:
+        raise ModbenchError(f"the number of processes must be at least 1, got {nproc}")
+    if ensembles < 1:
+        raise ModbenchError(f"the number of stacked seeds must be at least 1, got {ensembles}")
     if parallel not in ("ddp", "fsdp"):
         raise ModbenchError(f"parallel must be ddp or fsdp, got {parallel!r}")
     run = ctx.run
@@ -582,8 +613,45 @@ def plan_memory(cfg: RunConfig, *, device: Accelerator | int, micro_batch: int,
 
 
 def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, largest first."""
-    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+    """The divisors of ``n``, largest first (trial division up to its square root)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
+
+
+def _some(numbers: list[int], most: int = 8) -> str:
+    """``1, 2, 4 or 8``: a few numbers, smallest first, in words."""
+    shown = sorted(numbers)[:most]
+    words = [str(x) for x in shown] + (["…"] if len(numbers) > most else [])
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def check_split(cfg: RunConfig, nproc: int, *, flag: str = "the number of processes") -> int:
+    """The sequences each of ``nproc`` processes trains on a step, or one line saying why
+    ``nproc`` cannot split ``train.batch_size`` and the counts that can."""
+    batch = cfg.train.batch_size
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ModbenchError(f"{flag} must be at least 1 (one process a GPU), got {nproc}")
+    if batch % nproc:
+        fits = [d for d in divisors(batch) if d <= 64]
+        raise ModbenchError(
+            f"train.batch_size={batch} does not split evenly over {nproc} processes; use "
+            f"{_some(fits)} processes (the divisors of {batch} up to 64), or a batch size "
+            f"divisible by {nproc} (--set train.batch_size=N)")
+    return batch // nproc
+
+
+def check_micro_batch(cfg: RunConfig, micro_batch: int, nproc: int = 1) -> None:
+    """Refuse, in one line naming those that are, a micro-batch that is not a divisor of the
+    sequences a process trains on a step (the trainer splits a process's share of the batch
+    into equal micro-batches)."""
+    local = check_split(cfg, nproc)
+    if micro_batch < 1 or local % micro_batch:
+        who = "the process" if nproc == 1 else f"each of the {nproc} processes"
+        raise ModbenchError(
+            f"a micro-batch of {micro_batch} sequences does not divide the {local} sequences "
+            f"{who} trains on a step (train.batch_size={cfg.train.batch_size}); use "
+            f"{_some(divisors(local))}, or leave the micro-batch out to plan the largest "
+            "that fits")
 
 
 def choose_micro_batch(cfg: RunConfig, device_bytes: Accelerator | int, *, nproc: int = 1,
@@ -597,9 +665,7 @@ def choose_micro_batch(cfg: RunConfig, device_bytes: Accelerator | int, *, nproc
     Raises :class:`ModbenchError` (one line: the biggest term and what to do) where even a
     micro-batch of one sequence does not fit."""
     key, nbytes = _device(device_bytes)
-    if nproc < 1 or cfg.train.batch_size % nproc:
-        raise ModbenchError(f"train.batch_size={cfg.train.batch_size} does not split evenly "
-                            f"over {nproc} processes; use a batch size divisible by {nproc}")
+    check_split(cfg, nproc)
     ctx = _context(cfg, _device_type(cfg, device_bytes, device_type), checkpointing)
     best = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin)
     if best is not None:
@@ -629,21 +695,30 @@ def plan_or_needs(cfg: RunConfig, device: Accelerator | int, *, micro_batch: int
                   margin: float = MARGIN, device_type: str | None = None,
                   checkpointing: Checkpointing | None = None) -> tuple[MemoryPlan, str]:
     """``modbench plan``'s answer for one run: the plan (at ``micro_batch``, else at the
-    largest that fits, else at 1) and a note: empty where it fits, else what does fit (the
-    fewest FSDP processes of this device that hold it, at their largest micro-batch), or
-    that nothing up to 64 processes does."""
+    largest that fits, else at 1) and a note: empty where it fits, else what does fit (a
+    smaller micro-batch on these processes; else the fewest FSDP processes of this device
+    that hold it, at their largest micro-batch), or what else to change where nothing up to
+    64 processes does. A ``micro_batch`` or ``nproc`` the trainer could not run (not a
+    divisor of a process's share of the batch) is refused in one line."""
     key, nbytes = _device(device)
-    if nproc < 1 or cfg.train.batch_size % nproc:
-        raise ModbenchError(f"train.batch_size={cfg.train.batch_size} does not split evenly "
-                            f"over {nproc} processes; use a batch size divisible by {nproc}")
+    check_split(cfg, nproc, flag="--nproc")
+    if micro_batch is not None:
+        check_micro_batch(cfg, micro_batch, nproc)
     ctx = _context(cfg, _device_type(cfg, device, device_type), checkpointing)
     if micro_batch is not None:
         mp = _plan(ctx, key, nbytes, micro_batch, nproc, parallel, ensembles, margin)
+        if mp.fits:
+            return mp, ""
+        smaller = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin)
+        if smaller is not None:
+            return mp, (f"does not fit at micro-batch {micro_batch}; micro-batch "
+                        f"{smaller.micro_batch} does (peak {gb(smaller.peak_bytes)} a "
+                        "process): leave --micro-batch out to plan the largest that fits")
     else:
         mp = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin) or _plan(
             ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
-    if mp.fits:
-        return mp, ""
+        if mp.fits:
+            return mp, ""
     for n in (2, 4, 8, 16, 32, 64):
         if (n <= nproc and parallel == "fsdp") or cfg.train.batch_size % n:
             continue
@@ -651,7 +726,33 @@ def plan_or_needs(cfg: RunConfig, device: Accelerator | int, *, micro_batch: int
         if other is not None:
             return mp, (f"needs --nproc {n} --parallel fsdp (micro-batch {other.micro_batch}, "
                         f"peak {gb(other.peak_bytes)} a process)")
-    return mp, "does not fit 64 FSDP processes either: " + refusal(mp).split("; use ")[-1]
+    return mp, _beyond(ctx, key, nbytes, nproc if parallel == "fsdp" else 1, ensembles,
+                       margin)
+
+
+def _beyond(ctx: _Context, key: str, nbytes: int, nproc: int, ensembles: int,
+            margin: float) -> str:
+    """What to change for a run that no number of FSDP processes dividing its batch holds
+    (up to 64, or ``nproc``): the fewest that would hold it at micro-batch 1 if the batch
+    split over them; else, at the most, the largest term and the changes that shrink it."""
+    batch = ctx.run.train.batch_size
+    most = max(64, nproc)
+    for n in (2, 4, 8, 16, 32, 64):
+        if n > nproc and _plan(ctx, key, nbytes, 1, n, "fsdp", ensembles, margin).fits:
+            return (f"needs {n} FSDP processes (at micro-batch 1), over which "
+                    f"train.batch_size={batch} does not split; use a batch size divisible by "
+                    f"{n} and --nproc {n} --parallel fsdp")
+    mp = _plan(ctx, key, nbytes, 1, most, "fsdp", ensembles, margin)
+    big = mp.largest_term()
+    todo = []
+    if ensembles > 1:
+        todo.append("fewer stacked seeds")
+    if big in ("activations", "loss", "eval") and not mp.activation_checkpointing:
+        todo.append("train.activation_checkpointing=true")
+    todo.append("a smaller model")
+    return (f"does not fit {most} FSDP processes either, even at micro-batch 1 (peak "
+            f"{gb(mp.peak_bytes)} > {gb(mp.usable_bytes)} usable a process, largest term: "
+            f"{big} {gb(mp.terms[big])}); use {' or '.join(todo)}")
 
 
 def max_ensembles(cfg: RunConfig, device: Accelerator | int, k: int, *,
@@ -700,7 +801,8 @@ def refusal(mp: MemoryPlan) -> str:
 
 
 def gb(n: int | float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """Bytes in GB (10^9) to a tenth; below 0.1 GB in MB (10^6), so no peak reads 0.0 GB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 # ------------------------------------------------------------------------- host memory
@@ -729,7 +831,7 @@ def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
     return out
 
 
-__all__ = ["FIXED_ALLOWANCE", "MARGIN", "LiveBytes", "MemoryPlan", "choose_micro_batch",
-           "divisors", "host_memory_bytes", "max_ensembles", "plan_memory", "plan_or_needs",
-           "refusal",
-           "usable_bytes"]
+__all__ = ["FIXED_ALLOWANCE", "MARGIN", "MAX_PLANNED_BATCH", "MAX_PLANNED_LAYERS", "LiveBytes",
+           "MemoryPlan", "check_micro_batch", "check_plannable", "check_split",
+           "choose_micro_batch", "divisors", "host_memory_bytes", "max_ensembles",
+           "plan_memory", "plan_or_needs", "refusal", "usable_bytes"]
