@@ -19,6 +19,23 @@ study_app = typer.Typer(help="Run a study: methods x seeds x scales under one re
 
 
 _CLUSTER = "Executors and resources"
+
+
+# options checked as they are parsed (one line each, exit 2), so that --dry-run refuses what
+# the run refuses; modbench.study.runner.run_study checks them again for callers in Python
+def _until_decided(value: int | None) -> int | None:
+    from modbench.study.runner import check_until_decided
+
+    check_until_decided(value)
+    return value
+
+
+def _spending(value: str) -> str:
+    from modbench.study.runner import check_spending
+
+    check_spending(value)
+    return value
+
 _SLURM = "SLURM (--executor slurm)"
 _DRY = "Dry run (--dry-run)"
 
@@ -38,12 +55,14 @@ def run(
         help="Parallel worker processes of the local executor (default: one per CPU core (at "
              "most 8) without a GPU, each on one thread; 1 with a GPU).")] = None,
     until_decided: Annotated[int | None, typer.Option(
-        help="Then add seeds as a group-sequential design, up to N seeds per group: at each "
-             "look the verdict's own test at the α that look spends, the baseline's seeds "
-             "first, one more seed for each method not yet decided.")] = None,
+        help="Then add seeds as a group-sequential design, up to N seeds per group (N at "
+             "least 2): at each look the verdict's own test at the α that look spends, the "
+             "baseline's seeds first, one more seed for each method not yet decided.",
+        callback=_until_decided)] = None,
     spending: Annotated[str, typer.Option(
         help="--until-decided's α-spending function (Lan–DeMets): obrien_fleming (little α "
-             "early, most at the last look) or pocock (evenly).")] = "obrien_fleming",
+             "early, most at the last look) or pocock (evenly).",
+        callback=_spending)] = "obrien_fleming",
     ensembles: Annotated[str, typer.Option(
         help="Train a method's seeds stacked in one process: auto (with a GPU: CUDA here, or "
              "one GPU per job on a cluster), on, off.")] = "auto",
@@ -135,7 +154,11 @@ def run(
         slurm_folder=str(slurm_folder) if slurm_folder else None,
         slurm_max_timeouts=slurm_max_timeouts, slurm_extra=tuple(slurm_extra or ()))
     options = ExecutorOptions(parse_items(executor_option or (), options))
-    if dry_run:
+    if dry_run:  # what the run refuses of the spec with these options, refused here too
+        from modbench.study.runner import check_study_run
+        from modbench.study.spec import expand
+
+        check_study_run(s, expand(s), until_decided)
         from modbench.study.plan import format_plan, plan_study, throughput
 
         plan = plan_study(s, folder, executor, workers=workers, ensembles=ensembles,

@@ -99,6 +99,36 @@ def use_ensembles(choice: str, gpus_per_job: int | None = None) -> bool:
     return choice == "on"
 
 
+def check_until_decided(until_decided: int | None) -> None:
+    """``--until-decided N``: a look compares groups of at least two seeds (None: off)."""
+    if until_decided is not None and until_decided < 2:
+        raise ModbenchError(f"--until-decided must be at least 2 seeds per group (a look "
+                            f"compares two or more), got {until_decided}; give 2 or more, or "
+                            "leave it out to run the spec's seeds only")
+
+
+def check_spending(spending: str) -> None:
+    """``--spending``: one of the α-spending functions
+    (:data:`modbench.analysis.stats.SPENDING`)."""
+    from modbench.analysis.stats import SPENDING
+
+    if spending not in SPENDING:
+        raise ModbenchError(f"--spending must be one of {', '.join(SPENDING)}, got "
+                            f"{spending!r}")
+
+
+def check_study_run(spec: StudySpec, runs: list[RunSpec], until_decided: int | None) -> None:
+    """What ``modbench study run`` refuses of a spec with its options before anything is
+    written, which ``--dry-run`` refuses too: ``--until-decided`` on a tuned study, and a
+    tracker in the runs' ``train.trackers`` that cannot start."""
+    if until_decided is not None and spec.tuning is not None:
+        raise ModbenchError("--until-decided adds seeds a tuned study's stages do not follow; "
+                            "run the tuned study with fixed seeds, or drop its tuning block")
+    from modbench.train.trackers import check_trackers
+
+    check_trackers(dict.fromkeys(t for r in runs for t in r.config.train.trackers))
+
+
 def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               workers: int | None = 1, until_decided: int | None = None,
               ensembles: str = "auto", progress: bool = True,
@@ -125,31 +155,21 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     and ``out/tuned`` (:func:`modbench.study.tuning.run_tuning`), their runs added to the
     counts. ``runs``: these runs instead of the spec's own (what those stages pass).
     """
-    if until_decided is not None and spec.tuning is not None:
-        raise ModbenchError("--until-decided adds seeds a tuned study's stages do not follow; "
-                            "run the tuned study with fixed seeds, or drop its tuning block")
-    if until_decided is not None:
-        from modbench.analysis.stats import SPENDING
-
-        if until_decided < 2 or spending not in SPENDING:
-            raise ModbenchError(f"--until-decided needs at least 2 seeds per group (got "
-                                f"{until_decided}) and --spending one of "
-                                f"{', '.join(SPENDING)} (got {spending!r})")
+    check_until_decided(until_decided)
+    check_spending(spending)
     kind = executors.get(executor)  # an unknown name: one line, before anything is written
     if spec.methods_from:  # a spec built in Python: its plugins, recorded absolute
         from modbench.methods.plugins import load_plugins
 
         spec.methods_from = [p.ref for p in load_plugins(spec.methods_from)]
     runs = expand(spec) if runs is None else runs
+    check_study_run(spec, runs, until_decided)
     if spec.tuning is not None:  # every grid value's runs resolve, before anything is written
         from modbench.study.tuning import tuning_runs
 
         tuning_runs(spec)
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
-    from modbench.train.trackers import check_trackers
-
-    check_trackers(dict.fromkeys(t for r in runs for t in r.config.train.trackers))
     fresh = not Path(out).exists()  # a study refused before any run started leaves nothing
     restore_env = share_compile_cache(out)  # before any worker starts
     try:
