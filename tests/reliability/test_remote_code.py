@@ -59,4 +59,28 @@ def test_data_prepare_refuses_a_tokenizer_folder_with_custom_code(tmp_path: Path
     r = _modbench(["data", "prepare", "--source", str(tmp_path / "texts.txt"), "--tokenizer",
                    str(folder), "--out", str(tmp_path / "data")], tmp_path)
     _one_line_refusal(r)
-    assert not marker.exists()
+    assert not marker.exists() and not (tmp_path / "data").exists()
+    # the cause named (issue 47: it said the folder had no tokenizer.json)
+    assert "asks to run its own Python code to load (auto_map in its tokenizer_config.json)" \
+        in r.stderr and "no tokenizer.json" not in r.stderr
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"config.json": {"auto_map": {"AutoTokenizer": [None, "tok.T"]}},
+      "tokenizer_config.json": {}},
+     "asks to run its own Python code to load (auto_map in its config.json)"),
+    ({"tokenizer_config.json": {"tokenizer_class": "NoSuchTokenizer"}},
+     "has no tokenizer.json and transformers cannot convert the Hugging Face tokenizer in it"),
+])
+def test_a_tokenizer_folder_transformers_cannot_load_names_the_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, object],
+        expected: str) -> None:
+    from modbench.data.tokenizer import load_tokenizer
+    from modbench.errors import ModbenchError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, tree in files.items():
+        (tmp_path / name).write_text(json.dumps(tree))
+    with pytest.raises(ModbenchError) as e:
+        load_tokenizer(str(tmp_path))
+    assert expected in str(e.value) and "\n" not in str(e.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -150,7 +151,10 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
         try:
             tokenizer = Tokenizer.from_pretrained(name)
         except Exception as exc:
-            tokenizer = _from_transformers(name)  # a repo with tokenizer.model only, say
+            tokenizer, why = _from_transformers(name)  # a repo with tokenizer.model only, say
+            if tokenizer is None and why == CUSTOM_CODE:
+                raise _custom_code(f"tokenizer repo hf:{name}", "its tokenizer_config.json") \
+                    from exc
             if tokenizer is None:
                 raise ModbenchError(
                     f"could not load tokenizer {name!r} from the Hugging Face Hub "
@@ -164,7 +168,19 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
             if not (path / "tokenizer.json").is_file():
                 # a Hugging Face tokenizer folder without tokenizer.json (a sentencepiece
                 # tokenizer.model, say): transformers converts it to a fast tokenizer
-                converted = _from_transformers(str(path)) if _is_hf_folder(path) else None
+                code = _auto_map(path)  # asks transformers to run the folder's own code
+                if code is not None:
+                    raise _custom_code(f"tokenizer folder {spec}", code)
+                converted, why = (_from_transformers(str(path)) if _is_hf_folder(path)
+                                  else (None, None))
+                if converted is None and why == CUSTOM_CODE:
+                    raise _custom_code(f"tokenizer folder {spec}", "its tokenizer_config.json")
+                if converted is None and why is not None:
+                    raise ModbenchError(
+                        f"directory {spec} has no tokenizer.json and transformers cannot "
+                        f"convert the Hugging Face tokenizer in it ({why}); point --tokenizer "
+                        "at a tokenizer.json, a directory containing one, 'builtin' or "
+                        "'hf:NAME'")
                 if converted is None:
                     raise ModbenchError(
                         f"directory {spec} has no tokenizer.json; point --tokenizer at a "
@@ -199,21 +215,51 @@ def _is_hf_folder(path: Path) -> bool:
     return any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.model"))
 
 
-def _from_transformers(name_or_path: str) -> Tokenizer | None:
-    """The fast (``tokenizers``) form of a Hugging Face tokenizer, converted by transformers
-    (None when transformers is missing or cannot load it)."""
+#: :func:`_from_transformers`'s reason where the tokenizer needs its own code to load
+CUSTOM_CODE = "custom code"
+
+
+def _auto_map(path: Path) -> str | None:
+    """Where a Hugging Face folder asks transformers to run its own Python (``auto_map`` in
+    its ``tokenizer_config.json`` or ``config.json``), in words; None where it does not."""
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            tree = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(tree, dict) and tree.get("auto_map"):
+            return f"auto_map in its {name}"
+    return None
+
+
+def _custom_code(what: str, where: str) -> ModbenchError:
+    return ModbenchError(
+        f"{what} asks to run its own Python code to load ({where}), which modbench never "
+        "runs; give a tokenizer.json instead (where you trust that code, save one with "
+        "the tokenizer's save_pretrained), 'builtin', or another tokenizer")
+
+
+def _from_transformers(name_or_path: str) -> tuple[Tokenizer | None, str | None]:
+    """The fast (``tokenizers``) form of a Hugging Face tokenizer, converted by transformers,
+    or None and why not: None where transformers is missing, :data:`CUSTOM_CODE` where the
+    tokenizer needs its own code, else the first line of transformers' error."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        return None
+        return None, None
     try:
         # never the folder's or repo's own code: with auto_map, transformers would ask
         # interactively whether to run it; False refuses it (docs/reliability.md)
         backend = AutoTokenizer.from_pretrained(name_or_path, use_fast=True,
                                                 trust_remote_code=False).backend_tokenizer
-    except Exception:
-        return None
-    return backend if isinstance(backend, Tokenizer) else None
+    except Exception as e:
+        text = str(e)
+        if "trust_remote_code" in text or "custom code" in text:
+            return None, CUSTOM_CODE
+        return None, _first_line(e)
+    if isinstance(backend, Tokenizer):
+        return backend, None
+    return None, f"it converted to a {type(backend).__name__}, not a fast tokenizer"
 
 
 def tokenizer_info(tokenizer: Tokenizer) -> dict[str, object]:
