@@ -88,9 +88,20 @@ def flop_report(cfg: ModelConfig, seq_len: int | None = None) -> FlopReport:
     base_fwd = sum(comps.values())
     params = base_params = baseline_params(base_cfg)
     for m in spec.methods:
-        extra = float(m.extra_flops(base_cfg, t))
+        try:
+            extra = float(m.extra_flops(base_cfg, t))
+            params += int(m.extra_params(base_cfg))
+        except NotImplementedError:  # not documented (and a ModbenchError: one line)
+            raise
+        except Exception as e:  # a method from outside modbench that raised: one line
+            from modbench.methods.plugins import blame
+
+            failed = blame(e, [m], "to count its FLOPs and parameters (extra_flops, "
+                           "extra_params)")
+            if failed is None:
+                raise
+            raise failed from e
         comps[m.name] = extra
-        params += int(m.extra_params(base_cfg))
     fwd = sum(comps.values())
     return FlopReport(spec.canonical, t, params, base_params, fwd, 3.0 * fwd, base_fwd, comps)
 

@@ -25,6 +25,13 @@ from modbench.model.spec import ModelSpec
 CATEGORIES = ("attention", "ffn", "norm", "placement", "residual", "architecture")
 
 
+class Undocumented(ModbenchError, NotImplementedError):
+    """A method that does not define what was asked of it (``configure``, ``extra_params``,
+    ``extra_flops``: a method from outside modbench may leave the last two out). A
+    ``NotImplementedError`` to the code that goes on without it (the trainer's compile
+    estimate, the conformance kit), one ``error:`` line where a command needs it."""
+
+
 @dataclass
 class NoOptions:
     pass
@@ -74,7 +81,9 @@ class Method:
         """Change the model config in place before building (default: nothing)."""
 
     def configure(self, spec: ModelSpec, cfg: ModelConfig) -> None:
-        raise NotImplementedError
+        """Fill or add to the model spec's slots (every method defines it)."""
+        raise Undocumented(f"method {self.name} defines no configure (the slots it fills); "
+                           "define it (docs/methods.md, 'Your own method')")
 
     def post_init(self, model: nn.Module) -> None:
         """Adjust the freshly initialised model (default: nothing)."""
@@ -103,7 +112,8 @@ class Method:
     def extra_params(self, cfg: ModelConfig) -> int:
         """Documented parameter overhead over the baseline for this config (the formula in the
         docstring). The shared registry test checks it against the built model."""
-        raise NotImplementedError(f"method {self.name} does not document its parameter overhead")
+        raise Undocumented(f"method {self.name} does not document its parameter overhead; "
+                           "define its extra_params (docs/methods.md, 'Your own method')")
 
     def extra_flops(self, cfg: ModelConfig, seq_len: int) -> float:
         """Documented extra *forward* FLOPs per token over the baseline, at this config and
@@ -111,7 +121,8 @@ class Method:
         ``torch.utils.flop_counter`` counts): matrix multiplications only, 2 FLOPs per
         multiply-add, attention scores and mixing included, element-wise ops not counted.
         Training FLOPs are 3x forward."""
-        raise NotImplementedError(f"method {self.name} does not document its FLOP overhead")
+        raise Undocumented(f"method {self.name} does not document its FLOP overhead; "
+                           "define its extra_flops (docs/methods.md, 'Your own method')")
 
     @property
     def label(self) -> str:

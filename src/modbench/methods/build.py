@@ -93,7 +93,18 @@ def plan_run(cfg: RunConfig) -> tuple[RunConfig, Plan]:
     cfg.validate()
     run = copy.deepcopy(cfg)
     run.sync_seq_len()
-    p = plan(run.model)
+    try:
+        p = plan(run.model)
+    except ModbenchError:
+        raise
+    except Exception as e:  # a method from outside modbench that raised: one line
+        from modbench.methods.plugins import blame
+
+        failed = blame(e, method_spec(run.model).methods, "to plan the model (its "
+                       "edit_config or configure)")
+        if failed is None:
+            raise
+        raise failed from e
     run.model.method = p.method
     run.recipe_exceptions = collect_recipe_exceptions(p.methods)
     for key, value in run.recipe_exceptions.items():

@@ -373,9 +373,9 @@ def _import_plugin(ref: str, raw: str) -> Plugin:
                                 f"named {e.name!r}); install its package, or pass the .py "
                                 "file or package folder") from None
         raise ModbenchError(f"methods plugin {raw} failed to import: {_one_line(e)}") from None
-    except BaseException as e:  # a plugin's own error: one line, not its traceback
+    except BaseException as e:  # a plugin's own error, sys.exit() too: one line
         _forget(plugin, before)
-        if isinstance(e, KeyboardInterrupt | SystemExit):
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C while it imported
             raise
         raise ModbenchError(f"methods plugin {raw} failed to import: {_one_line(e)}") from None
     finally:
@@ -389,6 +389,8 @@ def _import_plugin(ref: str, raw: str) -> Plugin:
 
 
 def _one_line(e: BaseException) -> str:
+    """An exception in one line: its class, the first line of its message (at most 300
+    characters; none where its ``__str__`` itself fails) and the deepest ``.py`` frame."""
     if isinstance(e, SyntaxError):
         return f"SyntaxError: {e.msg} ({Path(e.filename or '?').name}, line {e.lineno})"
     tb = e.__traceback__
@@ -397,8 +399,35 @@ def _one_line(e: BaseException) -> str:
         if tb.tb_frame.f_code.co_filename.endswith(".py"):
             where = f" ({Path(tb.tb_frame.f_code.co_filename).name}, line {tb.tb_lineno})"
         tb = tb.tb_next
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{e.__class__.__name__}: {text}{where}" if text else f"{e.__class__.__name__}{where}"
+    try:
+        message = str(e).strip()
+    except Exception:  # a plugin's exception whose own __str__ raises
+        message = ""
+    text = message.splitlines()[0][:300] if message else ""
+    name = getattr(type(e), "__name__", "an exception")
+    return f"{name}: {text}{where}" if text else f"{name}{where}"
+
+
+def blame(e: BaseException, methods: Iterable[Any], what: str) -> ModbenchError | None:
+    """The one-line error for ``e`` where it was raised in the code of an outside method
+    among ``methods`` (a frame of its module, or of a module of its top-level package), naming
+    the method and its plugin; None where no outside method's code raised it (modbench's
+    own: its traceback stands). ``what``: what the method was doing."""
+    outside = {type(m).__module__.split(".")[0]: m for m in methods
+               if not is_builtin(type(m))}
+    if not outside:
+        return None
+    hit = None
+    tb = e.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        hit = outside.get(module.split(".")[0], hit)
+        tb = tb.tb_next
+    if hit is None:
+        return None
+    return ModbenchError(f"method '{hit.name}' ({_where(type(hit))}) failed {what}: "
+                         f"{_one_line(e)}; fix it (docs/methods.md, 'Your own method'), or "
+                         "leave it out")
 
 
 def _check_free_name(module: str, file: Path, raw: str) -> None:
