@@ -6,9 +6,10 @@ computed from (``golden/keep.py`` says what is kept and how; ``golden/README.md`
 study was made). For each, without training anything, this test recomputes:
 
 * ``report/results.json``: every scale's comparisons with the baseline and each method's
-  verdicts over training, as ``modbench study report`` writes them (the ``"rule"`` record,
-  which says which rule produced them, is checked on its own and left out of the bytes
-  compared: the goldens were written before there was one);
+  verdicts over training, as ``modbench study report`` writes them. Its ``"rule"`` record,
+  which says which rule produced them, is checked on its own (it is the study's rule, and its
+  alpha is the one each interval was drawn at) and left out of the bytes compared: the
+  goldens were written before there was one, and it is the file's last key;
 * ``sequential.json`` (a study run with ``--until-decided``): every look replayed on the
   seeds it saw, given the looks before it;
 * ``tuned/verdicts.json`` (a study with a ``tuning`` block): the tuned comparisons;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from modbench.analysis.results import (
     looks_json,
     metric_table,
     read_looks,
+    rule_record,
     verdict_options,
 )
 from modbench.analysis.stats import Look, sequential_look
@@ -59,9 +62,21 @@ def same(got: str, want: str, what: str) -> None:
 
 def results_json(results: StudyResults) -> dict[str, Any]:
     """``report/results.json``'s content, as the report writes it."""
+    from modbench.report.build import results_json as content
     from modbench.report.trajectory import trajectories, with_trajectories
 
-    return with_trajectories(results.comparisons, trajectories(results))
+    return content(results, with_trajectories(results.comparisons, trajectories(results)))
+
+
+def check_rule(rule: dict[str, Any], data: dict[str, Any], looks: dict[str, list[Look]]
+               ) -> None:
+    """The rule record is the study's rule, and each interval of ``data`` (the comparisons)
+    was drawn at its alpha (a sequential scale's: the alpha of its last look)."""
+    assert rule == rule_record(looks)
+    for scale, rows in data.items():
+        alpha = rule.get("sequential", {}).get(scale, {}).get("alpha", rule["alpha"])
+        levels = [r["ci_level"] for r in rows if math.isfinite(r["ci_level"])]
+        assert all(math.isclose(level, 1.0 - alpha) for level in levels), (scale, levels)
 
 
 def replay_looks(results: StudyResults, looks: dict[str, list[Look]]) -> dict[str, list[Look]]:
@@ -99,13 +114,15 @@ def check_study(golden: Path, work: Path) -> list[str]:
     checked = []
     results = load_results(folder)
     data = results_json(results)
-    data.pop("rule", None)
+    assert list(data)[-1] == "rule"
+    rule = data.pop("rule")
+    looks = read_looks(folder)
+    check_rule(rule, data, looks)
     same(dump(data), (golden / "report" / "results.json").read_text(encoding="utf-8"),
          f"{golden.name}/report/results.json")
     verdicts = sorted({str(r["verdict"]) for rs in data.values() for r in rs})
     checked.append(f"results.json: {sum(len(rs) for rs in data.values())} comparisons at "
                    f"{len(data)} scales ({', '.join(verdicts)})")
-    looks = read_looks(folder)
     if looks:
         same(looks_json(replay_looks(results, looks)),
              (golden / "sequential.json").read_text(encoding="utf-8"),

@@ -1,6 +1,7 @@
 """The verdict rule as settings and steps (modbench.analysis.stats.rule and .verdict): the
-frozen VerdictRule behind compare's options, the pipeline of named steps, and the registry of score
-tests with docs/statistics.md's example (Dunnett's test) run as printed."""
+frozen VerdictRule behind compare's options, the pipeline of named steps, the registry of score
+tests with docs/statistics.md's example (Dunnett's test) run as printed, and the rule record a
+study's results.json holds."""
 
 from __future__ import annotations
 
@@ -144,3 +145,30 @@ def test_a_registered_test_joins_the_family_and_the_zero_spread_rule(registry: N
     r = S.compare(flat, test="halved")[1]
     assert not calls and r.test == "halved" and math.isnan(r.p) and r.verdict == "undetermined"
     assert "below the resolution" in r.note
+
+
+def test_the_rule_record() -> None:
+    """results.json's "rule": the study's rule, the steps, the tests, and the alpha of each
+    sequential scale."""
+    from modbench.analysis.results import STUDY_RULE, rule_record
+
+    rec = rule_record()
+    assert {k: rec[k] for k in STUDY_RULE.to_dict()} == STUDY_RULE.to_dict()
+    assert rec["alpha"] == 0.05 and rec["correction"] == "holm" and rec["floor_sigmas"] == 1.0
+    assert rec["pipeline"] == [n for n, _ in S.PIPELINE]
+    assert rec["score_tests"][:2] == ["pooled", "welch"] and "sequential" not in rec
+    looks = [S.Look(1, {"baseline": 3}, 0.3, 0.0004, 0.0004, {}, {"baseline": 2}, 6),
+             S.Look(2, {"baseline": 5}, 0.6, 0.01, 0.0104, {}, {}, 6, "pocock")]
+    seq = rule_record({"tiny": looks, "small": []})["sequential"]
+    assert seq == {"tiny": {"alpha": 0.01, "looks": 2, "cap": 6, "spending": "pocock"}}
+
+
+def test_a_scale_named_rule_is_refused(tmp_path: Path) -> None:
+    from modbench.analysis.results import StudyResults
+    from modbench.errors import ModbenchError
+    from modbench.report.build import results_json
+
+    results = StudyResults("s", tmp_path, "baseline", "val_loss", [], [], {})
+    assert results_json(results, {"tiny": []})["rule"]["alpha"] == 0.05
+    with pytest.raises(ModbenchError, match="named 'rule'"):
+        results_json(results, {"rule": []})

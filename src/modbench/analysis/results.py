@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from modbench.analysis.stats import (
+    PIPELINE,
+    SCORE_TESTS,
     Look,
     MethodResult,
+    VerdictRule,
     compare,
     sequential_alpha,
     sequential_verdicts,
@@ -140,6 +143,9 @@ HIGHER_IS_BETTER = {"val_loss": False}
 ALPHA: Final = 0.05
 CORRECTION: Final = "holm"
 FLOOR_SIGMAS: Final = 1.0
+#: The same rule as one object: what ``results.json``'s ``"rule"`` record states
+#: (:func:`rule_record`); a sequential scale's verdicts use it at the alpha its looks spent.
+STUDY_RULE: Final = VerdictRule(alpha=ALPHA, correction=CORRECTION, floor_sigmas=FLOOR_SIGMAS)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -179,8 +185,25 @@ def verdict_options(rows: list[RunRow], scale: str, metric: str, anchors: list[s
     the table, the baseline and alpha): the report's comparisons and every look of
     ``--until-decided`` decide with the same rule."""
     return {"higher_is_better": higher_is_better(metric),
-            "references": [a for a in anchors if a in table], "correction": CORRECTION,
-            "floor_sigmas": FLOOR_SIGMAS, "stalled": stalled_counts(rows, scale)}
+            "references": [a for a in anchors if a in table],
+            "correction": STUDY_RULE.correction, "floor_sigmas": STUDY_RULE.floor_sigmas,
+            "stalled": stalled_counts(rows, scale)}
+
+
+def rule_record(looks: Mapping[str, Sequence[Look]] | None = None) -> dict[str, Any]:
+    """``results.json``'s ``"rule"``: the verdict rule that produced the study's comparisons
+    (:data:`STUDY_RULE`'s fields), the steps :func:`compare` took in order (``pipeline``, each
+    a section of docs/statistics.md), the score tests it knew (``score_tests``) and, for each
+    scale judged sequentially (``looks``, :func:`read_looks`), the alpha its final verdicts
+    used, its looks, their cap and spending function (``sequential``)."""
+    record = STUDY_RULE.to_dict() | {"pipeline": [step for step, _ in PIPELINE],
+                                     "score_tests": list(SCORE_TESTS)}
+    sequential = {scale: {"alpha": sequential_alpha(ls, ALPHA), "looks": len(ls),
+                          "cap": ls[-1].cap, "spending": ls[-1].spending}
+                  for scale, ls in (looks or {}).items() if ls}
+    if sequential:
+        record["sequential"] = sequential
+    return record
 
 
 #: Where a sequential study (``study run --until-decided N``) keeps its looks, per scale.

@@ -3,7 +3,8 @@ markdown, self-contained HTML and CSV. This module only renders; ``write_study_r
 study package loads a study folder's results and calls :func:`write_report`.
 
 Writes ``DIR/report/``: ``report.md``, ``report.html`` (PNG figures embedded), ``results.csv``
-(one row per run), ``results.json`` (the statistics per method and scale) and the PNGs.
+(one row per run), ``results.json`` (the statistics per method and scale, and the verdict rule
+that produced them) and the PNGs.
 
 The views follow arXiv 2605.20798: Table 2 (seeds, steps and tokens per method, metric, Δ, z, the
 test used with t and df, significance under Bonferroni, Holm and Benjamini–Hochberg, verdict,
@@ -42,8 +43,11 @@ from modbench.analysis.results import (
     RunRow,
     StudyResults,
     higher_is_better,
+    read_looks,
+    rule_record,
 )
 from modbench.analysis.stats import MethodResult, decision_threshold, spearman_across_scales
+from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
 from modbench.report.blocks import Block
 from modbench.report.blocks import fmt as _fmt
@@ -143,11 +147,23 @@ def _write_report(results: StudyResults, out: Path, columns: Sequence[Column],
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files
     atomic_write_text(out / "results.json",
-                      json.dumps(with_trajectories(results.comparisons, traj), indent=1,
-                                 default=str) + "\n")
+                      json.dumps(results_json(results, with_trajectories(results.comparisons,
+                                                                         traj)),
+                                 indent=1, default=str) + "\n")
     atomic_write_text(out / "report.md", _markdown(blocks, out))
     atomic_write_text(out / "report.html", _html(blocks))
     return out
+
+
+def results_json(results: StudyResults, comparisons: dict[str, Any]) -> dict[str, Any]:
+    """``results.json``'s content: the comparisons per scale
+    (:func:`~modbench.report.trajectory.with_trajectories`), then ``"rule"``, the verdict rule
+    that produced them (:func:`~modbench.analysis.results.rule_record`). A scale may not be
+    named ``rule``."""
+    if "rule" in comparisons:
+        raise ModbenchError("a scale is named 'rule', the name of results.json's record of the "
+                            "verdict rule; rename the scale")
+    return comparisons | {"rule": rule_record(read_looks(results.folder))}
 
 
 _OUTCOME_WORDS = {"agrees": "agrees", "contradicts": "contradicts the claim",
