@@ -325,15 +325,63 @@ class Trainer:
 
     def run_all(self) -> list[dict[str, Any]]:
         """Train every member to ``train.steps`` (or to its divergence) and return their
-        summaries, which are also written to each ``summary.json``."""
+        summaries, which are also written to each ``summary.json``.
+
+        The recipe, in order: open the run (threads, the stop signals, a fresh start or the
+        checkpoint's step), validate at step 0, then for each step the training step
+        (:meth:`_train_step`); at the end of a window of steps (:meth:`_window_closes`) the
+        host reads the step values back and logs them, and at its named points
+        (:meth:`_at_window_end`) validates, stops a stalled member, checkpoints and answers a
+        stop signal; at the end a last validation and checkpoint (:meth:`_final_validation`)
+        and each member's summary."""
+        tc = self.cfg.train
+        signals = self._open_run()
+        bar = TrainProgress(tc.steps, self.step, self._label(),
+                            enabled=self.progress and self.world.main)
+        batches = self._prefetcher(self.step)
+        try:
+            self._emit(self.members, "on_train_start")
+            for m in self.members:
+                if m.prog.initial_val is None:
+                    m.prog.initial_val = self._validate(m, 0)
+            pending: list[_Pending] = []  # steps whose loss and grad norm are on the device
+            t_window = time.perf_counter()
+            for step in range(self.step, tc.steps):
+                if not any(m.prog.live for m in self.members):
+                    break
+                live, closes = self._train_step(step, batches, pending)
+                if not closes:
+                    continue
+                self.engine.synchronize()
+                self._log_window(pending, (time.perf_counter() - t_window) / len(pending), bar)
+                pending = []
+                if step + 1 == tc.steps:
+                    break
+                self._at_window_end(live, step + 1)
+                t_window = time.perf_counter()
+            self._final_validation()
+            summaries = [self._finish(m) for m in self.members]
+        except BaseException as e:
+            failed = self._group_error(e)
+            if failed is not None:
+                raise failed from None
+            raise
+        finally:
+            self._close_run(batches, bar, signals)
+        return summaries
+
+    def _open_run(self) -> contextlib.ExitStack:
+        """Set the thread count, catch the stop signals (SIGUSR1/SIGUSR2/SIGTERM from SLURM,
+        submitit or torchrun: save the step and stop) and set :attr:`step` to where training
+        starts (0, or a checkpoint's step); a failure here ends the process group as the loop's
+        own does. Returns the signals' context, closed last by :meth:`_close_run`."""
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
-        # SIGUSR1/SIGUSR2/SIGTERM (SLURM, submitit, torchrun): save the step and stop
         signals = contextlib.ExitStack()
         signals.enter_context(stop_on_signals())
         try:
-            self.step = start = self._start()
+            self.step = self._start()
         except BaseException as e:
             signals.close()
             self.world.end()
@@ -345,82 +393,90 @@ class Trainer:
         if not self.world.main:  # only rank 0 reads whole batches and writes the hash
             for m in self.members:
                 m.prog.batches_sha256 = None
-        bar = TrainProgress(tc.steps, start, self._label(),
-                            enabled=self.progress and self.world.main)
+        return signals
+
+    def _prefetcher(self, start: int) -> Prefetcher:
+        """The batches from ``start`` on, read ahead (this rank's rows of each)."""
+        tc = self.cfg.train
         w, r = self.world.size, self.world.rank
         rows = tc.batch_size // w
-        batches = Prefetcher(self.data, range(start, tc.steps), tc.batch_size,
-                             self.cfg.data.data_seed, pin=self.device.type == "cuda",
-                             rows=None if self.world.main else (r * rows, (r + 1) * rows))
-        try:
-            self._emit(self.members, "on_train_start")
-            for m in self.members:
-                if m.prog.initial_val is None:
-                    m.prog.initial_val = self._validate(m, 0)
-            pending: list[_Pending] = []  # steps whose loss and grad norm are on the device
-            t_window = time.perf_counter()
-            for step in range(start, tc.steps):
-                live = [m for m in self.members if m.prog.live]
-                if not live:
-                    break
-                self.step, done = step, step + 1
-                lr = lr_at(step, self.cfg.recipe, tc.steps)
-                self.engine.set_lr(lr)
-                batch, mask = batches.get(step)
-                self._emit(live, "on_batch", step, batch)
-                idx = [m.index for m in live]
-                losses = self.engine.backward(batch, mask, idx)
-                norms = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip, idx)
-                self._emit(live, "after_backward", step)
-                pending.append(_Pending(step, lr, live, batch, mask, losses, norms))
-                # the host reads the device back only where it must: at the end of a window
-                # of sync_every steps, and before a validation, a checkpoint or the end
-                closes = (done == tc.steps or _every(self.sync_every, done)
-                          or _every(tc.eval_every, done) or _every(tc.checkpoint_every, done))
-                if closes:
-                    live = self._read_back(pending)
-                self.engine.update([m.index for m in live])
-                self._emit(live, "after_optimizer_step", step)
-                if not closes:
-                    continue
-                self.engine.synchronize()
-                dt = (time.perf_counter() - t_window) / len(pending)
-                self._log_window(pending, dt, bar)
-                pending = []
-                if done == tc.steps:
-                    break
-                for m in live:
-                    if _every(tc.eval_every, done) and not math.isfinite(self._validate(m, done)):
-                        m.prog.diverge(done)
-                    if m.prog.live and _every(tc.eval_every, done):
-                        self._stop_if_stalled(m, done)
-                    if m.prog.live and _every(tc.checkpoint_every, done):
-                        self._checkpoint(m, done)
-                signum = self._stop_signal()
-                if signum is not None:
-                    self._save_and_stop([m for m in live if m.prog.live], done, signum)
-                t_window = time.perf_counter()
-            for m in (m for m in self.members if m.prog.live and not m.prog.final):
-                if math.isfinite(self._validate(m, tc.steps)):  # a last validation, checkpoint
-                    self._checkpoint(m, tc.steps)
-                else:
-                    m.prog.diverge(tc.steps)
-            summaries = [self._finish(m) for m in self.members]
-        except BaseException as e:
-            failed = self._group_error(e)
-            if failed is not None:
-                raise failed from None
-            raise
-        finally:
-            batches.close()
-            bar.close()
-            for m in self.members:
-                if hasattr(m, "log"):
-                    m.log.close()
-            self.world.end()
-            self.release_locks()
-            signals.close()  # last: a signal the run did not act on is raised again here
-        return summaries
+        return Prefetcher(self.data, range(start, tc.steps), tc.batch_size,
+                          self.cfg.data.data_seed, pin=self.device.type == "cuda",
+                          rows=None if self.world.main else (r * rows, (r + 1) * rows))
+
+    def _train_step(self, step: int, batches: Prefetcher,
+                    pending: list[_Pending]) -> tuple[list[Member], bool]:
+        """One optimizer step of the live members (learning rate, batch, backward, clipping,
+        update, with the callbacks' points between), its values left on the device in
+        ``pending``; where the step closes a window they are read back first (a member whose
+        loss is not finite stops there). Returns the members still live and whether the
+        window closed."""
+        tc = self.cfg.train
+        live = [m for m in self.members if m.prog.live]
+        self.step, done = step, step + 1
+        lr = lr_at(step, self.cfg.recipe, tc.steps)
+        self.engine.set_lr(lr)
+        batch, mask = batches.get(step)
+        self._emit(live, "on_batch", step, batch)
+        idx = [m.index for m in live]
+        losses = self.engine.backward(batch, mask, idx)
+        norms = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip, idx)
+        self._emit(live, "after_backward", step)
+        pending.append(_Pending(step, lr, live, batch, mask, losses, norms))
+        closes = self._window_closes(done)
+        if closes:
+            live = self._read_back(pending)
+        self.engine.update([m.index for m in live])
+        self._emit(live, "after_optimizer_step", step)
+        return live, closes
+
+    def _window_closes(self, done: int) -> bool:
+        """Whether the host reads the device back after ``done`` steps: only where it must, at
+        the end of a window of ``sync_every`` steps, and before a validation, a checkpoint or
+        the end."""
+        tc = self.cfg.train
+        return (done == tc.steps or _every(self.sync_every, done) or _every(tc.eval_every, done)
+                or _every(tc.checkpoint_every, done))
+
+    def _at_window_end(self, live: list[Member], done: int) -> None:
+        """The named points after a window, in order, for each live member: validation (a
+        non-finite loss is a divergence), the stall stop (after a validation), the checkpoint;
+        then a stop signal saves every live member and stops."""
+        tc = self.cfg.train
+        for m in live:
+            if _every(tc.eval_every, done) and not math.isfinite(self._validate(m, done)):
+                m.prog.diverge(done)
+            if m.prog.live and _every(tc.eval_every, done):
+                self._stop_if_stalled(m, done)
+            if m.prog.live and _every(tc.checkpoint_every, done):
+                self._checkpoint(m, done)
+        signum = self._stop_signal()
+        if signum is not None:
+            self._save_and_stop([m for m in live if m.prog.live], done, signum)
+
+    def _final_validation(self) -> None:
+        """A last validation and checkpoint of each member still training (a non-finite loss
+        there is a divergence at the last step)."""
+        steps = self.cfg.train.steps
+        for m in (m for m in self.members if m.prog.live and not m.prog.final):
+            if math.isfinite(self._validate(m, steps)):
+                self._checkpoint(m, steps)
+            else:
+                m.prog.diverge(steps)
+
+    def _close_run(self, batches: Prefetcher, bar: TrainProgress,
+                   signals: contextlib.ExitStack) -> None:
+        """Whatever happened: stop the read-ahead, the bar and the logs, leave the process
+        group, release the run folders, and last the signals (a signal the run did not act on
+        is raised again here)."""
+        batches.close()
+        bar.close()
+        for m in self.members:
+            if hasattr(m, "log"):
+                m.log.close()
+        self.world.end()
+        self.release_locks()
+        signals.close()
 
     # ------------------------------------------------------------------ the loop's parts
 
