@@ -146,7 +146,7 @@ def check_study(golden: Path, work: Path) -> list[str]:
 
 def test_the_goldens_are_real_studies() -> None:
     """The kept studies (README.md beside them says how each was made)."""
-    assert {"smoke-tiny", "ladder-smoke", "tiny-seq", "tiny-tuned"} <= set(STUDIES)
+    assert {"builtin-cpu", "smoke-tiny", "ladder-smoke", "tiny-seq", "tiny-tuned"} <= set(STUDIES)
 
 
 @pytest.mark.parametrize("name", STUDIES)
