@@ -503,14 +503,22 @@ def _forward(cfg: ModelConfig) -> None:
                               "0-d tensor")
 
 
+def _with_neighbour(s: Subject, check: Callable[[Any], object]) -> bool:
+    """Run ``check`` on the method composed with its neighbour, where it has one (a failure
+    there names the neighbour); whether it did."""
+    if s.composed is None:
+        return False
+    try:
+        check(s.with_method(s.composed))
+    except CheckFailed as e:
+        raise CheckFailed(f"with {s.neighbour}: {e}") from None
+    return True
+
+
 def _check_forward(s: Subject) -> str:
     _forward(s.model_cfg)
     text = "finite float32 logits of shape (batch, tokens, vocabulary), finite auxiliary loss"
-    if s.composed is not None:
-        try:
-            _forward(s.with_method(s.composed))
-        except CheckFailed as e:
-            raise CheckFailed(f"with {s.neighbour}: {e}") from None
+    if _with_neighbour(s, _forward):
         text += f"; with {s.neighbour} too"
     return text + " (training and evaluation mode)"
 
@@ -653,11 +661,7 @@ def _gradients(cfg: ModelConfig) -> int:
 def _check_gradients(s: Subject) -> str:
     n = _gradients(s.model_cfg)
     text = f"all {n} parameter tensors get a finite gradient"
-    if s.composed is not None:
-        try:
-            _gradients(s.with_method(s.composed))
-        except CheckFailed as e:
-            raise CheckFailed(f"with {s.neighbour}: {e}") from None
+    if _with_neighbour(s, _gradients):
         text += f", with {s.neighbour} too"
     return text
 
