@@ -185,10 +185,7 @@ def load_all() -> dict[str, type[Method]]:
     plugins asked for outside the package: installed ``modbench.methods`` entry points and
     ``MODBENCH_METHODS_FROM`` (:mod:`modbench.methods.plugins`; a command's
     ``--methods-from`` loads its own through :func:`~modbench.methods.plugins.load_plugins`)."""
-    _registry.load_builtins()
-    plugins.load_entry_points()
-    plugins.load_from_env()
-    return REGISTRY
+    return plugins.load_everything()
 
 
 _TERM = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(?:\((.*)\))?\s*$")

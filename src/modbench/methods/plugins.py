@@ -208,11 +208,6 @@ def _module_file(module: str) -> Path | None:
     return Path(file).resolve()
 
 
-def _is_package_module(module: str) -> bool:
-    f = _module_file(module)
-    return f is not None and f.name == "__init__.py"
-
-
 def _root_of(module: str) -> Path:
     """The folder a module's relative paths are taken from: its top-level package's parent
     (for ``mylab.methods``: the folder holding ``mylab/``), or a lone module's folder."""

@@ -286,24 +286,12 @@ def _status_rows(folder: Path, key: str | None = None) -> None:
 
 def _code_changes(folder: Path, rows: list[dict[str, Any]]) -> dict[str, str]:
     """Runs of a study whose outside methods' code differs from the code its plugins load now
-    (``modbench.study.results.code_changes``); nothing is imported for a study of built-in
-    methods only."""
-    from modbench.methods.base import split_top
-
-    if all(t.split("(")[0].strip() in _builtin_catalog() | {"baseline"}
-           for r in rows for t in split_top(r["method"], "+")):
-        return {}
+    (``modbench.study.results.code_changes``, which reads no run folder of a built-in
+    method)."""
     from modbench.study.results import code_changes, load_study_plugins
 
     load_study_plugins(folder)
     return code_changes(folder, ((r["key"], r["method"]) for r in rows))
-
-
-def _builtin_catalog() -> set[str]:
-    """The built-in methods' names, from the catalog (no torch import)."""
-    from modbench.methods.catalog import method_rows
-
-    return {r["name"] for r in method_rows()[0]}
 
 
 @study_app.command("report")

@@ -77,10 +77,10 @@ def code_changes(root: Path, runs: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def _builtin_names() -> set[str]:
-    from modbench.methods.base import load_all
-    from modbench.methods.plugins import is_builtin
+    """The built-in methods' names, from the method catalog (no method module imported)."""
+    from modbench.methods.catalog import method_rows
 
-    return {n for n, cls in load_all().items() if is_builtin(cls)}
+    return {r["name"] for r in method_rows()[0]}
 
 
 def load_spec_of(folder: str | Path) -> StudySpec | None:
