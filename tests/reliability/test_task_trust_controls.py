@@ -42,13 +42,18 @@ def test_template_payload_runs_in_lm_evals_renderer_and_not_in_the_sandbox(
 
 def test_metric_folder_payload_runs_through_lm_evals_get_metric(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    evaluate = pytest.importorskip("evaluate")
-    from lm_eval.api.registry import get_metric
+    pytest.importorskip("evaluate")
+    import subprocess
 
     d = _folder(tmp_path, {"mymetric/mymetric.py": EVIL})
-    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path / "modules")
-    monkeypatch.setattr(sys, "path", list(sys.path))  # evaluate adds its module cache
-    get_metric(str(d / "mymetric"))  # what lm-eval does with a name it does not know
+    # in a fresh process: lm-eval's and evaluate's state left by other test files of this
+    # worker must not decide whether the payload's route runs
+    code = ("import sys, evaluate\n"
+            f"evaluate.config.HF_MODULES_CACHE = {str(tmp_path / 'modules')!r}\n"
+            "from lm_eval.api.registry import get_metric\n"
+            "get_metric(sys.argv[1])\n")  # what lm-eval does with a name it does not know
+    subprocess.run([sys.executable, "-c", code, str(d / "mymetric")], capture_output=True,
+                   timeout=300)
     assert (tmp_path / "ran").exists()
 
 
