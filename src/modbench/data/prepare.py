@@ -584,6 +584,135 @@ def _load_progress(work: Path, settings: dict[str, Any]) -> dict[str, Any] | Non
     return progress
 
 
+# ---------------------------------------------------------------------------- one preparation
+
+
+@dataclass
+class _Job:
+    """One preparation, resolved and checked before any work: the tokenizer, the token dtype, the
+    opened source and its reading order, what the metadata records about the source, the
+    settings a checkpoint must match, and the encoder workers' spec."""
+
+    tok: Tokenizer
+    dtype: np.dtype[Any]
+    src: DocumentSource
+    order: list[int]
+    source_meta: dict[str, Any]
+    settings: dict[str, Any]
+    encoder: EncoderSpec
+    meta_args: dict[str, Any]
+
+
+def _source_meta(source: Source, options: PrepareSettings, src: DocumentSource,
+                 src_tok: tuple[Tokenizer, str] | None) -> dict[str, Any]:
+    """What the metadata records about where the documents came from."""
+    source_meta: dict[str, Any] = {"recipe": options.recipe, "source": describe_source(source),
+                                   "text_field": options.text_field}
+    if isinstance(source, str) and source.startswith("hf:"):
+        source_meta["hf_split"] = options.split
+        source_meta["data_files"] = options.data_files
+    source_meta["revision"] = src.revision
+    source_meta["source_tokenizer"] = None if src_tok is None else {
+        "spec": src_tok[1], "sha256": tokenizer_sha256(src_tok[0])}
+    return source_meta
+
+
+def _checkpoint_settings(source_meta: dict[str, Any], src: DocumentSource, tok: Tokenizer,
+                         options: PrepareSettings) -> dict[str, Any]:
+    """Everything the output depends on: a checkpoint is continued only under equal settings."""
+    return {
+        "source": source_meta["source"], "source_fingerprint": src.fingerprint(),
+        "revision": src.revision, "text_field": options.text_field, "split": options.split,
+        "data_files": options.data_files, "shuffle_seed": options.shuffle_seed,
+        "source_tokenizer": source_meta["source_tokenizer"],
+        "tokenizer_sha256": tokenizer_sha256(tok), "seq_len": options.seq_len,
+        "val_fraction": float(options.val_fraction), "shard_sequences": options.shard_sequences,
+        "max_tokens": options.max_tokens, "model_vocab_size": options.model_vocab_size,
+    }
+
+
+def _resolve_job(source: Source, tokenizer: Tokenizer | str | Path,
+                 options: PrepareSettings) -> _Job:
+    """Load the tokenizers and open the source, failing before any work on bad input."""
+    tok, spec = _resolve_tokenizer(tokenizer, options.vocab_size)
+    eos_id = find_eos_id(tok)  # fail before any work when there is no EOS token
+    vocab = tokenizer_vocab_size(tok)
+    _check_model_vocab(options.model_vocab_size, vocab)
+    src_tok: tuple[Tokenizer, str] | None = None
+    if options.source_tokenizer is not None:
+        src_tok = _resolve_tokenizer(options.source_tokenizer, None)
+    src = open_source(source, text_field=options.text_field, split=options.split,
+                      data_files=options.data_files, revision=options.revision,
+                      ids_ok=src_tok is not None)
+    order = _shuffled(len(src.file_names()), options.shuffle_seed)
+    source_meta = _source_meta(source, options, src, src_tok)
+    settings = _checkpoint_settings(source_meta, src, tok, options)
+    encoder = EncoderSpec(tokenizer_json(tok).decode("utf-8"), eos_id, token_dtype(vocab).str,
+                          float(options.val_fraction),
+                          None if src_tok is None else tokenizer_json(src_tok[0]).decode())
+    meta_args = {"tokenizer_spec": spec, "model_vocab_size": options.model_vocab_size,
+                 "val_fraction": options.val_fraction, "max_tokens": options.max_tokens}
+    return _Job(tok, token_dtype(vocab), src, order, source_meta, settings, encoder, meta_args)
+
+
+def _start_or_resume(work: Path, job: _Job, options: PrepareSettings) -> _Run:
+    """A run continuing the checkpoint in ``work``, or a fresh one (stale shards removed)."""
+    previous = _load_progress(work, job.settings)
+    run = _Run(work, options.seq_len, job.dtype, options.shard_sequences, options.max_tokens)
+    if previous is not None:
+        run.restore(previous["state"])
+    else:
+        for stale in work.glob("*.bin"):  # killed before its first checkpoint
+            stale.unlink()
+    return run
+
+
+def _prepare_in(work: Path, job: _Job, options: PrepareSettings) -> dict[str, Any]:
+    """Prepare (or finish preparing) the dataset inside ``work``, checkpointing as it goes;
+    returns the metadata. On failure the work folder is kept when it can be continued (there
+    is a checkpoint and the failure is an interruption, a crash or a transient source error,
+    not a :class:`~modbench.errors.ModbenchError` about the input), else removed."""
+    run = _start_or_resume(work, job, options)
+
+    def checkpoint(state: dict[str, Any]) -> None:
+        atomic_write_text(work / PROGRESS_FILE, json.dumps(
+            {"version": _PROGRESS_VERSION, "settings": job.settings, "state": state}))
+
+    try:
+        _run(run, job.src, job.order, job.encoder, options.workers, options.progress, checkpoint)
+        meta_args = {
+            **job.meta_args,
+            "source_meta": {
+                **job.source_meta,
+                "source_files": _source_record(job.src, job.order, run, options.shuffle_seed),
+            },
+        }
+        return _finish(run, work, job.tok, meta_args, job.source_meta["source"])
+    except BaseException as exc:
+        run.abort()
+        resumable = (work / PROGRESS_FILE).is_file() and (
+            isinstance(exc, TransientError) or not isinstance(exc, ModbenchError)
+        )
+        if not resumable:
+            remove_tree(work)
+        elif options.progress:
+            print(f"\nstopped: the finished part is kept in {work}; run the same "
+                  "command again to continue", file=sys.stderr)
+        raise
+
+
+def _move_into_place(work: Path, out: Path) -> None:
+    """Rename the finished work folder to ``out`` (still free or empty)."""
+    _check_out_dir(out)
+    try:
+        os.replace(work, out)
+    except OSError as exc:
+        raise ModbenchError(
+            f"could not move the prepared dataset into {out} ({exc.strerror}); "
+            "choose another --out"
+        ) from exc
+
+
 # ---------------------------------------------------------------------------- public API
 
 
@@ -644,86 +773,16 @@ def prepare_dataset(source: Source, tokenizer: Tokenizer | str | Path, out_dir: 
     check_workers(options.workers)
     out = Path(out_dir).expanduser()
     _check_out_dir(out)
-    tok, spec = _resolve_tokenizer(tokenizer, options.vocab_size)
-    eos_id = find_eos_id(tok)  # fail before any work when there is no EOS token
-    vocab = tokenizer_vocab_size(tok)
-    _check_model_vocab(options.model_vocab_size, vocab)
-    src_tok: tuple[Tokenizer, str] | None = None
-    if options.source_tokenizer is not None:
-        src_tok = _resolve_tokenizer(options.source_tokenizer, None)
-    src = open_source(source, text_field=options.text_field, split=options.split,
-                      data_files=options.data_files, revision=options.revision,
-                      ids_ok=src_tok is not None)
-    order = _shuffled(len(src.file_names()), options.shuffle_seed)
-    source_meta: dict[str, Any] = {"recipe": options.recipe, "source": describe_source(source),
-                                   "text_field": options.text_field}
-    if isinstance(source, str) and source.startswith("hf:"):
-        source_meta["hf_split"] = options.split
-        source_meta["data_files"] = options.data_files
-    source_meta["revision"] = src.revision
-    source_meta["source_tokenizer"] = None if src_tok is None else {
-        "spec": src_tok[1], "sha256": tokenizer_sha256(src_tok[0])}
-    settings = {
-        "source": source_meta["source"], "source_fingerprint": src.fingerprint(),
-        "revision": src.revision, "text_field": options.text_field, "split": options.split,
-        "data_files": options.data_files, "shuffle_seed": options.shuffle_seed,
-        "source_tokenizer": source_meta["source_tokenizer"],
-        "tokenizer_sha256": tokenizer_sha256(tok), "seq_len": options.seq_len,
-        "val_fraction": float(options.val_fraction), "shard_sequences": options.shard_sequences,
-        "max_tokens": options.max_tokens, "model_vocab_size": options.model_vocab_size,
-    }
-    enc_spec = EncoderSpec(tokenizer_json(tok).decode("utf-8"), eos_id, token_dtype(vocab).str,
-                           float(options.val_fraction),
-                           None if src_tok is None else tokenizer_json(src_tok[0]).decode())
-    meta_args = {"tokenizer_spec": spec, "model_vocab_size": options.model_vocab_size,
-                 "val_fraction": options.val_fraction, "max_tokens": options.max_tokens}
-
+    job = _resolve_job(source, tokenizer, options)
     work = partial_dir(out)
     created = not work.exists()
     work.mkdir(parents=True, exist_ok=True)
     try:
         with _locked(work):
-            previous = _load_progress(work, settings)
-            run = _Run(work, options.seq_len, token_dtype(vocab), options.shard_sequences,
-                       options.max_tokens)
-            if previous is not None:
-                run.restore(previous["state"])
-            else:
-                for stale in work.glob("*.bin"):  # killed before its first checkpoint
-                    stale.unlink()
-
-            def checkpoint(state: dict[str, Any]) -> None:
-                atomic_write_text(work / PROGRESS_FILE, json.dumps(
-                    {"version": _PROGRESS_VERSION, "settings": settings, "state": state}))
-
-            try:
-                _run(run, src, order, enc_spec, options.workers, options.progress, checkpoint)
-                meta_args["source_meta"] = {
-                    **source_meta,
-                    "source_files": _source_record(src, order, run, options.shuffle_seed),
-                }
-                meta = _finish(run, work, tok, meta_args, source_meta["source"])
-            except BaseException as exc:
-                run.abort()
-                resumable = (work / PROGRESS_FILE).is_file() and (
-                    isinstance(exc, TransientError) or not isinstance(exc, ModbenchError)
-                )
-                if not resumable:
-                    remove_tree(work)
-                elif options.progress:
-                    print(f"\nstopped: the finished part is kept in {work}; run the same "
-                          "command again to continue", file=sys.stderr)
-                raise
+            meta = _prepare_in(work, job, options)
             (work / PROGRESS_FILE).unlink(missing_ok=True)
             (work / LOCK_FILE).unlink(missing_ok=True)
-        _check_out_dir(out)
-        try:
-            os.replace(work, out)
-        except OSError as exc:
-            raise ModbenchError(
-                f"could not move the prepared dataset into {out} ({exc.strerror}); "
-                "choose another --out"
-            ) from exc
+        _move_into_place(work, out)
     except BaseException:
         if created and work.exists() and not (work / PROGRESS_FILE).is_file():
             remove_tree(work)
