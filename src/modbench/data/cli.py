@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,105 +31,89 @@ data_app = typer.Typer(
 )
 
 
-@data_app.command("prepare")
-def prepare_cmd(
-    out: Annotated[Path, typer.Option("--out", help="New (or empty) output directory.")],
-    source: Annotated[
-        str | None,
-        typer.Option(
-            "--source",
-            help="A .txt, .jsonl, .json(.gz) or .parquet file, a directory of them, or "
-            "hf:NAME[:CONFIG] (default: the recipe's).",
-        ),
-    ] = None,
-    recipe: Annotated[
-        str | None,
-        typer.Option("--recipe", help="Defaults of a source paper's corpus: c4-llama, climbmix "
-                     "(see `modbench data recipes`); explicit options win."),
-    ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer", help="'builtin', a tokenizer.json (or its directory), or hf:NAME "
-            "(default: builtin, or the recipe's)."
-        ),
-    ] = None,
-    vocab_size: Annotated[
-        int | None,
-        typer.Option("--vocab-size", help="Vocabulary size (required for --tokenizer builtin; "
-                     "otherwise a check)."),
-    ] = None,
-    seq_len: Annotated[
-        int | None, typer.Option("--seq-len", help="Tokens per packed row (default 256).")
-    ] = None,
-    val_fraction: Annotated[
-        float | None,
-        typer.Option("--val-fraction", help="Share of documents held out for validation "
-                     "(default 0.02)."),
-    ] = None,
-    text_field: Annotated[
-        str | None,
-        typer.Option("--text-field", help="JSON field / parquet column holding the text "
-                     "(default text)."),
-    ] = None,
-    split: Annotated[
-        str | None, typer.Option("--split", help="Split to read from an hf: source (train).")
-    ] = None,
-    data_files: Annotated[
-        str | None,
-        typer.Option("--data-files", help="data_files glob for an hf: source (e.g. hf:json)."),
-    ] = None,
-    revision: Annotated[
-        str | None, typer.Option("--revision", help="Branch, tag or commit of an hf: source.")
-    ] = None,
-    source_tokenizer: Annotated[
-        str | None,
-        typer.Option("--source-tokenizer", help="Decodes a source that stores token ids "
-                     "(nvidia's ClimbMix: GPT-2)."),
-    ] = None,
-    max_tokens: Annotated[
-        str | None,
-        typer.Option("--max-tokens", help="Training-token budget, e.g. 23.28B: a smaller budget "
-                     "gives exactly the first rows of a larger one."),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option("--seed", help="Read the source's files in a shuffle drawn from this seed."),
-    ] = None,
-    model_vocab_size: Annotated[
-        int | None,
-        typer.Option("--model-vocab-size", help="Embedding size of the models this data is for, "
-                     "when padded beyond the tokenizer (recorded; training accepts it)."),
-    ] = None,
-    workers: Annotated[
-        int, typer.Option("--workers", help="Tokenizer processes (the output is the same).")
-    ] = 1,
-    shard_sequences: Annotated[
-        int, typer.Option("--shard-sequences", help="Rows per shard file.")
-    ] = SHARD_SEQUENCES_DEFAULT,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
-    ] = True,
-) -> None:
-    """Tokenize a text source, pack it into rows of --seq-len tokens, write checksummed shards.
+# The options of `data prepare`.
+_OutOpt = Annotated[Path, typer.Option("--out", help="New (or empty) output directory.")]
+_SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--source",
+        help="A .txt, .jsonl, .json(.gz) or .parquet file, a directory of them, or "
+        "hf:NAME[:CONFIG] (default: the recipe's).",
+    ),
+]
+_RecipeOpt = Annotated[
+    str | None,
+    typer.Option("--recipe", help="Defaults of a source paper's corpus: c4-llama, climbmix "
+                 "(see `modbench data recipes`); explicit options win."),
+]
+_TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer", help="'builtin', a tokenizer.json (or its directory), or hf:NAME "
+        "(default: builtin, or the recipe's)."
+    ),
+]
+_VocabSizeOpt = Annotated[
+    int | None,
+    typer.Option("--vocab-size", help="Vocabulary size (required for --tokenizer builtin; "
+                 "otherwise a check)."),
+]
+_SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", help="Tokens per packed row (default 256).")
+]
+_ValFractionOpt = Annotated[
+    float | None,
+    typer.Option("--val-fraction", help="Share of documents held out for validation "
+                 "(default 0.02)."),
+]
+_TextFieldOpt = Annotated[
+    str | None,
+    typer.Option("--text-field", help="JSON field / parquet column holding the text "
+                 "(default text)."),
+]
+_SplitOpt = Annotated[
+    str | None, typer.Option("--split", help="Split to read from an hf: source (train).")
+]
+_DataFilesOpt = Annotated[
+    str | None,
+    typer.Option("--data-files", help="data_files glob for an hf: source (e.g. hf:json)."),
+]
+_RevisionOpt = Annotated[
+    str | None, typer.Option("--revision", help="Branch, tag or commit of an hf: source.")
+]
+_SourceTokenizerOpt = Annotated[
+    str | None,
+    typer.Option("--source-tokenizer", help="Decodes a source that stores token ids "
+                 "(nvidia's ClimbMix: GPT-2)."),
+]
+_MaxTokensOpt = Annotated[
+    str | None,
+    typer.Option("--max-tokens", help="Training-token budget, e.g. 23.28B: a smaller budget "
+                 "gives exactly the first rows of a larger one."),
+]
+_SeedOpt = Annotated[
+    int | None,
+    typer.Option("--seed", help="Read the source's files in a shuffle drawn from this seed."),
+]
+_ModelVocabSizeOpt = Annotated[
+    int | None,
+    typer.Option("--model-vocab-size", help="Embedding size of the models this data is for, "
+                 "when padded beyond the tokenizer (recorded; training accepts it)."),
+]
+_WorkersOpt = Annotated[
+    int, typer.Option("--workers", help="Tokenizer processes (the output is the same).")
+]
+_ShardSequencesOpt = Annotated[
+    int, typer.Option("--shard-sequences", help="Rows per shard file.")
+]
+_ProgressOpt = Annotated[
+    bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
+]
 
-    Resumable: run a killed prepare again with the same options and it continues.
 
-    Example: modbench data prepare --source ./texts --tokenizer builtin --vocab-size 4096 --out data/mytexts
-
-    Example: modbench data prepare --recipe c4-llama --workers 8 --out data/c4-llama
-
-    Example: modbench data prepare --recipe climbmix --tokenizer data/climbmix-tokenizer --max-tokens 23.28B --workers 8 --out data/climbmix-1.2b
-    """  # noqa: E501
-    from modbench.data.corpora import prepare_recipe
-
-    meta = prepare_recipe(
-        recipe, out, source=source, tokenizer=tokenizer, vocab_size=vocab_size,
-        seq_len=seq_len, val_fraction=val_fraction, text_field=text_field, split=split,
-        data_files=data_files, revision=revision, source_tokenizer=source_tokenizer,
-        max_tokens=max_tokens, shuffle_seed=seed, model_vocab_size=model_vocab_size,
-        workers=workers, shard_sequences=shard_sequences, progress=progress,
-    )
+def _echo_prepared(out: Path, meta: dict[str, Any]) -> None:
+    """Say what `data prepare` wrote (stdout), and warn (stderr) of a budget the source did not
+    fill and of a split too small to use."""
     train, val = meta["splits"]["train"], meta["splits"]["val"]
     rows = meta["seq_len"]
     typer.echo(
@@ -151,6 +135,49 @@ def prepare_cmd(
                 + (" or raise --val-fraction" if name == "val" else ""),
                 err=True,
             )
+
+
+@data_app.command("prepare")
+def prepare_cmd(
+    out: _OutOpt,
+    source: _SourceOpt = None,
+    recipe: _RecipeOpt = None,
+    tokenizer: _TokenizerOpt = None,
+    vocab_size: _VocabSizeOpt = None,
+    seq_len: _SeqLenOpt = None,
+    val_fraction: _ValFractionOpt = None,
+    text_field: _TextFieldOpt = None,
+    split: _SplitOpt = None,
+    data_files: _DataFilesOpt = None,
+    revision: _RevisionOpt = None,
+    source_tokenizer: _SourceTokenizerOpt = None,
+    max_tokens: _MaxTokensOpt = None,
+    seed: _SeedOpt = None,
+    model_vocab_size: _ModelVocabSizeOpt = None,
+    workers: _WorkersOpt = 1,
+    shard_sequences: _ShardSequencesOpt = SHARD_SEQUENCES_DEFAULT,
+    progress: _ProgressOpt = True,
+) -> None:
+    """Tokenize a text source, pack it into rows of --seq-len tokens, write checksummed shards.
+
+    Resumable: run a killed prepare again with the same options and it continues.
+
+    Example: modbench data prepare --source ./texts --tokenizer builtin --vocab-size 4096 --out data/mytexts
+
+    Example: modbench data prepare --recipe c4-llama --workers 8 --out data/c4-llama
+
+    Example: modbench data prepare --recipe climbmix --tokenizer data/climbmix-tokenizer --max-tokens 23.28B --workers 8 --out data/climbmix-1.2b
+    """  # noqa: E501
+    from modbench.data.corpora import prepare_recipe
+
+    meta = prepare_recipe(
+        recipe, out, source=source, tokenizer=tokenizer, vocab_size=vocab_size,
+        seq_len=seq_len, val_fraction=val_fraction, text_field=text_field, split=split,
+        data_files=data_files, revision=revision, source_tokenizer=source_tokenizer,
+        max_tokens=max_tokens, shuffle_seed=seed, model_vocab_size=model_vocab_size,
+        workers=workers, shard_sequences=shard_sequences, progress=progress,
+    )
+    _echo_prepared(out, meta)
 
 
 @data_app.command("train-tokenizer")
