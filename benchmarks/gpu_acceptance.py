@@ -8,7 +8,7 @@ prepared script in a single short lease (issues 27 and 28)::
 
 Run it from the repository root with modbench importable (installed, or ``PYTHONPATH=src``)
 and pytest installed; every child process inherits the environment. Nothing is downloaded:
-the trainer sections train on the built-in corpus (``modbench.analysis.bench.bench_data``).
+the trainer sections train on the built-in corpus (``modbench.measure.bench.bench_data``).
 
 Sections, in this order, each guarded (a failing one records its error and the script goes
 on) and the JSON rewritten after each, so a partial run leaves what it measured:
@@ -18,7 +18,7 @@ on) and the JSON rewritten after each, so a partial run leaves what it measured:
   ``tests/train/test_distributed.py``: passed / failed / skipped counts, cut at the section's
   time (the JSON says so and counts what finished).
 - ``memory_plan``: three presets x three methods, the memory plan's micro-batch and predicted
-  peak (``modbench.analysis.plan`` where it exists; else a fixed micro-batch, said so) against
+  peak (``modbench.measure.plan`` where it exists; else a fixed micro-batch, said so) against
   ``torch.cuda.max_memory_allocated`` of a few of the trainer's steps on that micro-batch
   (its engine and optimizer, the run's precision, eager), each in a fresh process.
 - ``climb_1_2b``: 20 steps of ``climb-1.2b`` through ``modbench train`` with
@@ -300,15 +300,15 @@ def plan_one(preset: str, method: str, device: dict[str, Any]) -> dict[str, Any]
 
     cfg = resolve(preset, method=method)
     try:
-        from modbench.analysis import plan as memory_plan
+        from modbench.measure import plan as memory_plan
     except ImportError:
-        from modbench.analysis.bench import GPU_TOKENS
+        from modbench.measure.bench import GPU_TOKENS
 
         rows = (cfg.train.batch_size if device["type"] == "cpu"
                 else max(1, GPU_TOKENS // cfg.train.seq_len))
         return {"micro_batch": rows, "source": "preset" if device["type"] == "cpu" else "fixed",
                 "predicted_bytes": None,
-                "note": "modbench.analysis.plan is not in this tree: no prediction"}
+                "note": "modbench.measure.plan is not in this tree: no prediction"}
     acc = Accelerator(device["key"], device["key"], device["memory_gb"], None)
     p = memory_plan.choose_micro_batch(cfg, acc)
     return {"micro_batch": int(p.micro_batch), "source": "plan",
@@ -331,7 +331,7 @@ def child_plans(spec: dict[str, Any]) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from modbench.analysis.bench import bench_data
+    from modbench.measure.bench import bench_data
 
     for vocab, seq in spec.get("data", []):  # the trainer sections' data, prepared ahead
         bench_data(vocab, seq)
@@ -545,8 +545,8 @@ def s_memory_plan(run: Run, allot: float) -> dict[str, Any]:
 
 def s_climb(run: Run, allot: float) -> dict[str, Any]:
 
-    from modbench.analysis.bench import bench_data
     from modbench.config import resolve
+    from modbench.measure.bench import bench_data
 
     size = run.size
     preset = size["climb_preset"]
@@ -603,7 +603,7 @@ def _climb_partial(folder: Path, cfg: Any, run: Run) -> dict[str, Any]:
     """Steady throughput and MFU from what a run logged so far (a run cut midway too)."""
     import torch
 
-    from modbench.analysis.flops import flop_report
+    from modbench.measure.flops import flop_report
     from modbench.runtime.gpus import peak_tflops
 
     path = folder / "metrics.jsonl"

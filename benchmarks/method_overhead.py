@@ -1,5 +1,5 @@
 """Train-step time of every registered method relative to the baseline (``cpu-small`` by
-default): the method table of ``modbench bench`` (:mod:`modbench.analysis.bench`), run for
+default): the method table of ``modbench bench`` (:mod:`modbench.measure.bench`), run for
 every method and the study's combinations. Interleaved rounds, medians; aims: fast-path methods
 within 1.15x of the baseline, explicit-score methods within 2x on CPU.
 
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from modbench.analysis.bench import BenchReport, markdown, method_overhead, peak_tflops
+from modbench.measure.bench import BenchReport, markdown, method_overhead, peak_tflops
 from modbench.methods import load_all
 from modbench.methods.base import split_top
 

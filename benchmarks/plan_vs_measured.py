@@ -1,4 +1,4 @@
-"""The memory plan (``modbench plan``, :mod:`modbench.analysis.plan`) against the memory a real
+"""The memory plan (``modbench plan``, :mod:`modbench.measure.plan`) against the memory a real
 training step takes, on the CPU in fp32.
 
 For each (preset, method) a fresh subprocess warms torch's kernels up on a toy model (so
@@ -94,8 +94,8 @@ def child(preset: str, method: str, batch: int, micro: int) -> dict[str, Any]:
 
 
 def planned(preset: str, method: str, batch: int, micro: int) -> dict[str, Any]:
-    from modbench.analysis.plan import plan_memory
     from modbench.config import resolve
+    from modbench.measure.plan import plan_memory
     from modbench.runtime.gpus import lookup
 
     cfg = resolve(preset, method=method,

@@ -4,7 +4,7 @@ Activation memory is measured deterministically, not timed: one training-mode fo
 the loss) on a fixed random batch of the preset's shape (16 x 128 tokens on cpu-small), with
 ``torch.autograd.graph.saved_tensors_hooks`` recording every tensor autograd keeps for the
 backward pass; each storage counts once (by data pointer), parameters and buffers are left
-out (``modbench.analysis.memory.saved_activation_bytes``). The same method string always gives
+out (``modbench.measure.memory.saved_activation_bytes``). The same method string always gives
 the same number.
 
 What it shows (issue 5): Hyper-Connections keep n lanes per sublayer (n x the residual
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from modbench.analysis.memory import saved_activation_bytes
 from modbench.config import resolve
+from modbench.measure.memory import saved_activation_bytes
 from modbench.methods.base import split_top
 from modbench.methods.build import build_model
 

@@ -63,7 +63,7 @@ def test_dry_path_sections_hold_what_they_measured(dry: dict[str, Any]) -> None:
     assert [(r["preset"], r["method"]) for r in plan] == [("tiny", "baseline")]
     assert all(r["status"] == "ok" and r["micro_batch"] >= 1 and len(r["step_s"]) == 2
                for r in plan)
-    # the plan (modbench.analysis.plan) predicts; the CPU measures no allocation
+    # the plan (modbench.measure.plan) predicts; the CPU measures no allocation
     assert all(r["source"] == "plan" and r["predicted_bytes"] > 0 and r["measured_bytes"] is None
                for r in plan)
     climb = s["climb_1_2b"]

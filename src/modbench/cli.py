@@ -178,8 +178,8 @@ def presets(
     """
     import dataclasses
 
-    from modbench.analysis.flops import baseline_params
     from modbench.config import PRESETS
+    from modbench.measure.flops import baseline_params
 
     rows = []
     for p in PRESETS.values():
@@ -254,8 +254,8 @@ def flops(
 
     Example: modbench flops --preset climb-1.2b --method diff_attn --method relu2
     """
-    from modbench.analysis import flop_report
     from modbench.config import resolve
+    from modbench.measure import flop_report
     from modbench.methods import load_all
     from modbench.methods.build import plan_run
 
@@ -313,8 +313,8 @@ def plan_command(
 
     Example: modbench plan --spec seed002-3b --nproc 8 --parallel fsdp --json
     """
-    from modbench.analysis.plan import check_plannable, gb, plan_or_needs
     from modbench.config import apply_override, resolve
+    from modbench.measure.plan import check_plannable, gb, plan_or_needs
     from modbench.methods.build import plan_run
     from modbench.runtime.gpus import lookup
     from modbench.train.recompute import apply_activation_checkpointing
@@ -447,7 +447,7 @@ def bench(
 
     Example: modbench bench --compile-check --methods baseline,moe --json
     """
-    from modbench.analysis.bench import DEFAULT_METHODS, markdown, run_bench
+    from modbench.measure.bench import DEFAULT_METHODS, markdown, run_bench
     from modbench.methods import load_all
     from modbench.methods.base import split_top
 
@@ -474,12 +474,12 @@ def bench(
 
 def _compile_check(names: list[str], *, preset: str, checkpointing: bool | None, dtype: str,
                    device: str, as_json: bool, progress: bool, threads: int) -> None:
-    """`modbench bench --compile-check` (modbench.analysis.compile_check); one torch thread
+    """`modbench bench --compile-check` (modbench.measure.compile_check); one torch thread
     unless --threads says otherwise (tracing is Python-bound; tiny graphs run fastest on one
     thread of a shared machine)."""
     import torch
 
-    from modbench.analysis.compile_check import (
+    from modbench.measure.compile_check import (
         TABLE_HEADERS,
         run_compile_check,
         summary,

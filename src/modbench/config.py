@@ -227,7 +227,7 @@ class TrainConfig:
     # Sequences a forward takes (gradient accumulation when fewer than a process's batch;
     # validation and probe scoring too): a number dividing batch_size, None (the whole
     # batch), or auto: the largest that fits the device by the memory plan
-    # (modbench.analysis.plan; `modbench plan`), chosen when the run starts and recorded in
+    # (modbench.measure.plan; `modbench plan`), chosen when the run starts and recorded in
     # config.yaml's meta and summary.json. Only rounding changes, except for methods whose
     # forward uses batch statistics (powernorm, prepbn).
     micro_batch_size: int | str | None = None
@@ -603,7 +603,7 @@ RECIPES: dict[str, RecipeConfig] = {
 
 def non_embedding_params(m: ModelConfig) -> int:
     """Baseline parameters less the token embedding and untied head: per layer the attention
-    projections, SwiGLU and two norms, plus the final norm (``analysis.flops.baseline_params``
+    projections, SwiGLU and two norms, plus the final norm (``measure.flops.baseline_params``
     less ``vocab x d`` once or twice)."""
     d, dh = m.d_model, m.head_dim
     attn = d * m.n_heads * dh + 2 * d * m.n_kv_heads * dh + m.n_heads * dh * d

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from modbench.analysis import flop_report, measure_flops
 from modbench.errors import ModbenchError
+from modbench.measure import flop_report, measure_flops
 from modbench.methods import parse_methods
 from modbench.methods.build import build_model, count_params
 from modbench.methods.laurel import LaurelMerge

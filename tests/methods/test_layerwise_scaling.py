@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from modbench.analysis import flop_report, measure_flops
 from modbench.config import ModelConfig, resolve
 from modbench.errors import ModbenchError
+from modbench.measure import flop_report, measure_flops
 from modbench.methods import parse_methods
 from modbench.methods.build import build_model, count_params, plan
 from modbench.model.spec import parts_of

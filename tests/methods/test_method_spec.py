@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import modbench.methods.base as base
-from modbench.analysis.compile_check import declared_breaks
-from modbench.analysis.flops import flop_report
 from modbench.config import ModelConfig, resolve
 from modbench.errors import ModbenchError
+from modbench.measure.compile_check import declared_breaks
+from modbench.measure.flops import flop_report
 from modbench.methods.base import REGISTRY, Method, MethodSpec, method_spec, register
 from modbench.methods.build import plan, plan_run, reads_train_seq_len
 from modbench.model.spec import ModelSpec

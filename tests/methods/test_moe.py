@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modbench.analysis import measure_flops
 from modbench.errors import ModbenchError
+from modbench.measure import measure_flops
 from modbench.methods import parse_methods
 from modbench.methods.build import build_model, plan
 from modbench.methods.moe import MoEFFN

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from modbench.analysis import measure_flops
-from modbench.analysis.memory import saved_activation_bytes
 from modbench.errors import ModbenchError
+from modbench.measure import measure_flops
+from modbench.measure.memory import saved_activation_bytes
 from modbench.methods import parse_methods
 from modbench.methods.attnres import block_sizes, source_counts
 from modbench.methods.build import build_model, count_params

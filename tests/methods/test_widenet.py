@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from modbench.analysis import measure_flops
 from modbench.errors import ModbenchError
+from modbench.measure import measure_flops
 from modbench.methods import parse_methods
 from modbench.methods.build import build_model, count_params, plan
 from modbench.methods.moe import MoEFFN

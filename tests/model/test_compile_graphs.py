@@ -16,11 +16,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from modbench.analysis.compile_check import _Recorder, check_method
 from modbench.cli import app
 from modbench.config import resolve
 from modbench.conformance.kit import NO_NEIGHBOUR, PASSED, CheckResult, compile_verdict
 from modbench.conformance.kit import check_method as kit_check
+from modbench.measure.compile_check import _Recorder, check_method
 from modbench.methods import load_all
 from modbench.methods._common import set_step
 from modbench.methods.build import build_model

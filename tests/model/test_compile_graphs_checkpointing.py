@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from modbench.analysis.compile_check import run_compile_check
+from modbench.measure.compile_check import run_compile_check
 from modbench.methods import load_all
 from modbench.train.recompute import apply_activation_checkpointing
 from tests.model.test_compile_graphs import NO_CHECKPOINTING, one_graph_methods

@@ -10,7 +10,7 @@ import time
 import pytest
 from tests.helpers import cli
 
-from modbench.analysis.plan import MAX_PLANNED_BATCH, MAX_PLANNED_LAYERS, divisors
+from modbench.measure.plan import MAX_PLANNED_BATCH, MAX_PLANNED_LAYERS, divisors
 
 
 def _one_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:

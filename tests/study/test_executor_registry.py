@@ -11,6 +11,8 @@ the runner, the planner and the CLI ask the registry.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,7 +211,8 @@ def test_no_source_outside_the_executors_compares_their_names() -> None:
         if kind.implementation:
             module = kind.implementation.partition(":")[0]
             own.add(SRC.parent / (module.replace(".", "/") + ".py"))
-    assert len(own) == 3  # the package, ray_executor.py, slurm_executor.py
+    assert own == {SRC / "study" / "executors", SRC / "study" / "executors" / "ray.py",
+                   SRC / "study" / "executors" / "slurm.py"}  # each kind's code is its module
     found = {}
     for path in sorted(SRC.rglob("*.py")):
         if any(path == o or o in path.parents for o in own):
@@ -232,3 +235,18 @@ def test_a_kinds_own_options_dataclass_is_read_as_it_is(toy: ToyKind) -> None:
         kind.options(ToyOptions(tag=""))
     local = executors.get("local")
     assert local.options(local.options_type(), workers=3).workers == 3
+
+
+def test_the_executor_kinds_import_neither_ray_nor_submitit() -> None:
+    """Each kind's module holds its executor too, yet ``--help`` and ``--dry-run`` need
+    neither optional package: they are imported only when an executor is made or runs."""
+    code = ("import sys\n"
+            "import modbench.study.executors as ex\n"
+            "from modbench.study.executors.slurm import StudyTask, SlurmExecutor\n"
+            "from modbench.study.executors.ray import RayExecutor\n"
+            "assert [ex.get(n).name for n in ('ray', 'slurm')] == ['ray', 'slurm']\n"
+            "assert 'ray' not in sys.modules and 'submitit' not in sys.modules, "
+            "sorted(m for m in sys.modules if m in ('ray', 'submitit'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

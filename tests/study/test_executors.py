@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 import yaml
 
-from modbench.analysis.bench import PEAK_BF16_TFLOPS
-from modbench.analysis.flops import flop_report
 from modbench.cli import run_cli
 from modbench.errors import ModbenchError
+from modbench.measure.bench import PEAK_BF16_TFLOPS
+from modbench.measure.flops import flop_report
 from modbench.runtime.runfolder import SUMMARY_TIMINGS
 from modbench.study.cluster import ExecutorOptions, check_options
 from modbench.study.runner import Job, _jobs, run_study
@@ -250,7 +250,7 @@ def test_a_ray_job_out_of_retries_fails_its_runs(spec_file: Path, ray_instance: 
                                                 tmp_path: Path) -> None:
     """No retries left: the runs the dead task held are recorded as failed with a one-line
     reason, the others train, and the next `study run` trains the failed ones."""
-    from modbench.study.ray_executor import RayExecutor
+    from modbench.study.executors.ray import RayExecutor
 
     spec = load_spec(spec_file)
     out = tmp_path / "ray-lost"
@@ -278,7 +278,7 @@ def test_a_ray_job_out_of_retries_fails_its_runs(spec_file: Path, ray_instance: 
 
 
 if HAVE_SUBMITIT:
-    from modbench.study.slurm_executor import SlurmExecutor, StudyTask
+    from modbench.study.executors.slurm import SlurmExecutor, StudyTask
 
     class PreemptOnce(StudyTask):
         """The study's task with a fault: the first task to have every member of its job

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from modbench.analysis.flops import baseline_params
 from modbench.config import (
     LADDERS,
     PRESETS,
@@ -21,6 +20,7 @@ from modbench.config import (
     resolve,
 )
 from modbench.errors import ModbenchError
+from modbench.measure.flops import baseline_params
 from modbench.study.spec import expand, load_spec
 
 

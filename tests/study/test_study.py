@@ -306,8 +306,8 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
 def test_load_results_flops_come_from_the_spec(tmp_path: Path) -> None:
     """FLOPs per (scale, method) are the analytic FLOPs of the run config the spec gives (its
     overrides included), with no run folder to read."""
-    from modbench.analysis.flops import flop_report
     from modbench.config import resolve
+    from modbench.measure.flops import flop_report
     from modbench.study.results import load_results
 
     folder = fake_study(tmp_path)

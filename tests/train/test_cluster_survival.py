@@ -470,9 +470,9 @@ def _job(root: Path, cfg: RunConfig, nproc: int = 1, seeds: int = 1) -> Any:
 
 def test_slurm_tasks_ask_for_the_signal_and_the_memory_they_need(tmp_path: Path) -> None:
     pytest.importorskip("submitit")
-    from modbench.analysis.plan import host_memory_bytes
+    from modbench.measure.plan import host_memory_bytes
     from modbench.study.cluster import ExecutorOptions
-    from modbench.study.slurm_executor import SIGNAL_DELAY_S, SlurmExecutor, host_memory_gb
+    from modbench.study.executors.slurm import SIGNAL_DELAY_S, SlurmExecutor, host_memory_gb
 
     big, tiny = resolve("climb-1.2b"), resolve("tiny")
     one = host_memory_gb([_job(tmp_path, big, nproc=8)])
@@ -500,14 +500,14 @@ def test_slurm_tasks_ask_for_the_signal_and_the_memory_they_need(tmp_path: Path)
                                   **kwargs: Any) -> None:
                 captured.update(kwargs)
 
-        import modbench.study.slurm_executor as se
+        import submitit
 
-        real = se.submitit.AutoExecutor
-        se.submitit.AutoExecutor = Auto  # type: ignore[misc]
+        real = submitit.AutoExecutor
+        submitit.AutoExecutor = Auto  # type: ignore[misc]
         try:
             ex._executor(tmp_path, [_job(tmp_path, big, nproc=8)])
         finally:
-            se.submitit.AutoExecutor = real  # type: ignore[misc]
+            submitit.AutoExecutor = real  # type: ignore[misc]
         assert captured["mem_gb"] == mem
         assert captured["slurm_signal_delay_s"] == SIGNAL_DELAY_S
         script = _make_sbatch_string(command="x", folder=tmp_path, mem=f"{mem}GB",
@@ -521,7 +521,7 @@ def test_study_task_requeues_only_after_the_run_saved(tmp_path: Path,
     pytest.importorskip("submitit")
     import submitit
 
-    import modbench.study.slurm_executor as se
+    import modbench.study.executors.slurm as se
 
     calls: list[str] = []
 
@@ -552,7 +552,7 @@ def test_study_task_requeues_only_after_the_run_saved(tmp_path: Path,
 def test_ray_task_sets_its_thread_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
 
-    import modbench.study.ray_executor as rx
+    import modbench.study.executors.ray as rx
 
     seen: dict[str, str | None] = {}
     monkeypatch.setattr(rx, "execute_job", lambda job: seen.update(
@@ -571,7 +571,7 @@ class _SignalOnce:
     signal (SIGUSR2) at ``on_batch(step)``, as SLURM sends it before a time limit."""
 
     def __init__(self, fault_dir: Path, step: int) -> None:
-        from modbench.study.slurm_executor import StudyTask
+        from modbench.study.executors.slurm import StudyTask
 
         self.task, self.fault_dir, self.step = StudyTask(), fault_dir, step
 
@@ -607,8 +607,8 @@ def test_submitit_requeue_resumes_from_the_step_the_signal_saved(
 
     import modbench.study.runner as runner
     from modbench.study.cluster import ExecutorOptions, check_options
+    from modbench.study.executors.slurm import SlurmExecutor
     from modbench.study.runner import run_study
-    from modbench.study.slurm_executor import SlurmExecutor
     from modbench.study.spec import load_spec
     from modbench.study.store import Store
 

@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from modbench.analysis.memory import saved_activation_bytes
 from modbench.cli import run_cli
 from modbench.config import RunConfig, from_dict
 from modbench.errors import ModbenchError
+from modbench.measure.memory import saved_activation_bytes
 from modbench.methods.build import plan
 from modbench.methods.ngpt import UnitNormLinear
 from modbench.runtime.callback import Callback, TrainingRun

@@ -1,5 +1,6 @@
-"""Analyses of models and runs that need no training: analytic FLOPs and parameter counts."""
+"""Judging results: the verdict rule and its statistics (:mod:`~modbench.analysis.stats`),
+results tables (:mod:`~modbench.analysis.results`), scaling fits
+(:mod:`~modbench.analysis.scaling`), power and seed planning (:mod:`~modbench.analysis.power`)
+and loss-curve shape (:mod:`~modbench.analysis.trajectory`).
 
-from modbench.analysis.flops import FlopReport, flop_report, measure_flops
-
-__all__ = ["FlopReport", "flop_report", "measure_flops"]
+Measuring models and machines (FLOPs, memory, throughput) is :mod:`modbench.measure`'s."""

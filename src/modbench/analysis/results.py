@@ -285,7 +285,7 @@ def comparisons_json(comparisons: Mapping[str, Sequence[MethodResult]],
 @dataclass(frozen=True)
 class MethodFlops:
     """Analytic training FLOPs per token of a method at a scale, and the ratio of its forward
-    FLOPs to the baseline's (``modbench.analysis.flops.FlopReport``)."""
+    FLOPs to the baseline's (``modbench.measure.flops.FlopReport``)."""
 
     train_flops_per_token: float
     flops_ratio: float

@@ -5,7 +5,7 @@ what the smaller rungs predict for the largest (issue 31; docs/statistics.md, "S
 **Points.** One per finished run that did not fail (diverged or stalled runs have no loss to
 fit): its final validation loss L, its non-embedding parameters N (the run's parameters less
 ``vocab x d`` for the embedding, twice for an untied head; Kaplan et al. 2020's convention)
-and its training FLOPs C (``analysis.flops``' training FLOPs per token x tokens trained).
+and its training FLOPs C (``measure.flops``' training FLOPs per token x tokens trained).
 A method's rung is the mean over its seeds at one scale; the rungs are ordered by N.
 
 **The fit.** ``L(x) = E + A x^(-alpha)`` for x = N or C (Kaplan et al. 2020; Hoffmann et al.
@@ -488,9 +488,9 @@ def _predict(ms: MethodScaling, base: MethodScaling, by: dict[tuple[str, str], l
 
 def method_non_embedding_params(model: Any) -> float:
     """Non-embedding parameters of a model config with its method string (a target shape
-    for :meth:`ScalingAnalysis.extrapolated_gain`): ``analysis.flops``' parameter count less
+    for :meth:`ScalingAnalysis.extrapolated_gain`): ``measure.flops``' parameter count less
     ``vocab x d`` (twice untied), as :func:`points_from_results` counts a run's."""
-    from modbench.analysis.flops import flop_report
+    from modbench.measure.flops import flop_report
 
     emb = model.vocab_size * model.d_model * (1 if model.tie_embeddings else 2)
     return float(flop_report(model).params - emb)

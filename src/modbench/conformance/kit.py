@@ -32,8 +32,8 @@ The checks (``modbench methods check`` and docs/methods.md list the same):
     vocabulary) and a finite auxiliary loss, in training and in evaluation mode, alone and
     with the neighbour.
 ``flops``
-    the analytic FLOPs (``extra_flops``, :func:`modbench.analysis.flops.flop_report`) agree
-    with ``torch.utils.flop_counter`` (:func:`modbench.analysis.flops.measure_flops`): forward
+    the analytic FLOPs (``extra_flops``, :func:`modbench.measure.flops.flop_report`) agree
+    with ``torch.utils.flop_counter`` (:func:`modbench.measure.flops.measure_flops`): forward
     within 2 %, forward and backward within 4 %, alone; forward with the neighbour; and the
     report's parameters are the built model's.
 ``init``
@@ -61,7 +61,7 @@ The checks (``modbench methods check`` and docs/methods.md list the same):
     two identical short runs (3 steps) give identical losses, gradient norms and final
     validation loss.
 ``compile`` (slow)
-    ``torch.compile`` of the training forward (:mod:`modbench.analysis.compile_check`, no
+    ``torch.compile`` of the training forward (:mod:`modbench.measure.compile_check`, no
     activation checkpointing): one graph, no graph break, no recompile; or, for a method that
     declares ``compile_graph_breaks``, graph breaks that are really there.
 ``export`` (slow)
@@ -138,7 +138,7 @@ class CheckResult:
     """One check of one method: its name, ``status`` (passed, failed or skipped), one line of
     detail (what was compared, or what differed), its seconds, and for some checks the raw
     figures in ``data`` (the compile check's
-    :class:`~modbench.analysis.compile_check.CompileRow`)."""
+    :class:`~modbench.measure.compile_check.CompileRow`)."""
 
     name: str
     status: str
@@ -528,12 +528,12 @@ def _tokens(cfg: ModelConfig, shape: tuple[int, int], seed: int) -> torch.Tensor
 
 
 def flops_agree(cfg: ModelConfig, seq_len: int, *, train: bool = True) -> str:
-    """Compare :func:`modbench.analysis.flops.flop_report` for ``cfg`` (its method string
+    """Compare :func:`modbench.measure.flops.flop_report` for ``cfg`` (its method string
     included; ``baseline`` too) with ``torch.utils.flop_counter``: forward within
     :data:`FLOPS_FORWARD_REL` and (``train``) forward plus backward within
     :data:`FLOPS_TRAIN_REL`, and the report's parameters with the built model's. Raises
     :class:`CheckFailed` naming the figure that differs; returns a one-line summary."""
-    from modbench.analysis.flops import flop_report, measure_flops
+    from modbench.measure.flops import flop_report, measure_flops
 
     try:
         report = flop_report(cfg, seq_len)
@@ -765,7 +765,7 @@ def _check_determinism(s: Subject) -> str:
 
 
 def compile_verdict(row: Any) -> tuple[str, str]:
-    """The compile check's verdict on a :class:`~modbench.analysis.compile_check.CompileRow`:
+    """The compile check's verdict on a :class:`~modbench.measure.compile_check.CompileRow`:
     one graph, no break and no recompile, or, where the method declares
     ``compile_graph_breaks``, graph breaks that are there. Returns (status, detail)."""
     if row.graphs is None:
@@ -786,7 +786,7 @@ def compile_verdict(row: Any) -> tuple[str, str]:
 
 
 def _check_compile(s: Subject) -> tuple[str, str, Any]:
-    from modbench.analysis.compile_check import check_method as trace
+    from modbench.measure.compile_check import check_method as trace
 
     row = trace(s.method, preset=s.preset)
     status, detail = compile_verdict(row)

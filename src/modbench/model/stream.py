@@ -48,7 +48,7 @@ recomputes a block, see :func:`recomputing`).
 Streams that replace the additive merge claim the ``merge`` slot with :func:`claim_merge`, so
 a method that also fills it is refused by the slot rules, in either order.
 
-Activation memory is measured by :func:`modbench.analysis.memory.saved_activation_bytes`.
+Activation memory is measured by :func:`modbench.measure.memory.saved_activation_bytes`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ several seeds of one configuration stacked in one process), its :class:`JobResul
 :func:`lost_job_results` (what a job gone for good leaves), and the :class:`Executor` protocol.
 
 The local executor (:mod:`modbench.study.runner`) and the cluster executors
-(:mod:`modbench.study.ray_executor`, :mod:`modbench.study.slurm_executor`) all import from
+(:mod:`modbench.study.executors.ray`, :mod:`modbench.study.executors.slurm`) all import from
 here, so none of them imports another; :mod:`modbench.study.runner` re-exports these names.
 
 A job carries its runs' configs as the validated :class:`~modbench.config.RunConfig` objects

@@ -10,9 +10,9 @@ The estimate divides each job's FLOPs by a sustained throughput per GPU::
     GPU-hours of a job = sum of its runs' FLOPs / (peak x MFU) / 3600
     wall hours         = GPU-hours / GPUs per job
 
-FLOPs per token are :func:`modbench.analysis.flops.flop_report`'s (``modbench flops``: matrix
+FLOPs per token are :func:`modbench.measure.flops.flop_report`'s (``modbench flops``: matrix
 multiplications, training = 3 x forward). The throughput is the GPU's dense bf16 peak
-(:data:`modbench.analysis.bench.PEAK_BF16_TFLOPS`, ``--gpu-type``, or ``--gpu-tflops``) times
+(:data:`modbench.measure.bench.PEAK_BF16_TFLOPS`, ``--gpu-type``, or ``--gpu-tflops``) times
 an assumed model FLOPs utilisation, :data:`DEFAULT_MFU` unless ``--mfu`` gives one measured
 on the cluster (``tokens_per_s`` in a run's metrics.jsonl x train FLOPs/token / (GPUs x
 peak)). Not counted: the end-of-run evaluation (probes, harness tasks), start-up, checkpoint
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modbench.analysis.flops import flop_report
 from modbench.config import RunConfig
 from modbench.errors import ModbenchError, suggest
+from modbench.measure.flops import flop_report
 from modbench.study import executors
 from modbench.study.executors import nproc_for
 from modbench.study.spec import StudySpec, expand
@@ -60,7 +60,7 @@ def throughput(gpu_type: str | None = None, gpu_tflops: float | None = None,
                mfu: float | None = None) -> Throughput:
     """``--gpu-type`` (a name of :data:`PEAK_BF16_TFLOPS`), or ``--gpu-tflops`` (the dense
     bf16 peak in TFLOP/s), and ``--mfu``."""
-    from modbench.analysis.bench import PEAK_BF16_TFLOPS
+    from modbench.measure.bench import PEAK_BF16_TFLOPS
 
     if mfu is not None and not 0 < mfu <= 1:
         raise ModbenchError(f"--mfu must be a fraction in (0, 1], got {mfu}")

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from modbench.analysis.flops import flop_report
 from modbench.analysis.results import (
     MethodFlops,
     RunRow,
@@ -18,6 +17,7 @@ from modbench.analysis.results import (
     default_metric,
 )
 from modbench.errors import ModbenchError
+from modbench.measure.flops import flop_report
 from modbench.study.spec import StudySpec, load_spec, run_spec
 from modbench.study.store import Store
 

@@ -323,7 +323,7 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
     """One job per run; with ``stack``, one job per group of runs that differ only in their
     init seed (same scale, method and data order) when the method can stack, and, with
     ``memory`` (device bytes, the executor kind's ``stack_memory``), only as many seeds a job
-    as the memory plan fits on that device (:func:`modbench.analysis.plan.max_ensembles`).
+    as the memory plan fits on that device (:func:`modbench.measure.plan.max_ensembles`).
     With ``nproc`` > 1 every run is one torchrun group: one run per job."""
     from modbench.methods.build import plan
 
@@ -338,7 +338,7 @@ def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,
         if len(group) > 1 and not plan(group[0].config.model).stackable:
             batches += [[r] for r in group]
         elif len(group) > 1 and memory is not None:
-            from modbench.analysis.plan import max_ensembles
+            from modbench.measure.plan import max_ensembles
 
             k = max_ensembles(group[0].config, memory, len(group), device_type="cuda")
             batches += [group[i:i + k] for i in range(0, len(group), k)]

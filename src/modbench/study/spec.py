@@ -442,7 +442,7 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "parallel"): "ddp",
     ("train", "fsdp_param_dtype"): "auto",
     ("train", "activation_checkpointing"): False,
-    # the memory train.micro_batch_size=auto plans against (analysis.plan)
+    # the memory train.micro_batch_size=auto plans against (measure.plan)
     ("train", "device_memory_gb"): None,
     # stall detection only labels a finished run; a store's runs from before it keep their
     # keys, and the report applies the rule to them (modbench.runtime.stall.judge_run_folder)

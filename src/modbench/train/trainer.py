@@ -661,13 +661,13 @@ class Trainer:
     def _micro_batch(self) -> int | None:
         """Sequences a forward of this process takes: ``train.micro_batch_size``, or for
         ``auto`` the largest that divides the process's batch and fits the device by the
-        memory plan (:func:`modbench.analysis.plan.choose_micro_batch`; the device's memory,
+        memory plan (:func:`modbench.measure.plan.choose_micro_batch`; the device's memory,
         or ``train.device_memory_gb``), printed once. A run that does not fit at micro-batch 1
         is refused in one line."""
         tc = self.cfg.train
         if tc.micro_batch_size != "auto":
             return tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else None
-        from modbench.analysis.plan import choose_micro_batch, gb
+        from modbench.measure.plan import choose_micro_batch, gb
         from modbench.runtime.gpus import device_memory_bytes
 
         nbytes = (int(tc.device_memory_gb * 1e9) if tc.device_memory_gb is not None
@@ -732,7 +732,7 @@ class Trainer:
         tc = self.cfg.train
         if tc.compile != "auto" or self.device.type != "cpu":
             return CompileChoice(tc.compile)
-        from modbench.analysis.flops import flop_report
+        from modbench.measure.flops import flop_report
 
         try:
             per_token = flop_report(self.cfg.model, tc.seq_len).train_flops_per_token

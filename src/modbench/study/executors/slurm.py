@@ -1,19 +1,57 @@
-"""The SLURM executor's kind (``modbench study run --executor slurm``): its options (the
-``--slurm-*`` flags, ``--gpus-per-run``, ``--cpus-per-run``), their checks, its ``--dry-run``
-rows (the job array, time limit and requeues, sbatch settings) and GPU accounting (one GPU
-per job unless told). The executor itself, job arrays through submitit, is
-:class:`modbench.study.slurm_executor.SlurmExecutor`, imported (with submitit) only when it is
-made.
+"""The SLURM executor (``modbench study run --executor slurm``), job arrays through submitit:
+its kind (the ``--slurm-*`` options, ``--gpus-per-run``, ``--cpus-per-run``, their checks, its
+``--dry-run`` rows: the job array, time limit and requeues, sbatch settings; GPU accounting,
+one GPU per job unless told) and the executor. submitit is imported only when the executor
+submits, so ``--help`` and ``--dry-run`` need none.
+
+Every wave of a study (its runs, then each ``--until-decided`` round) is one job array
+(``AutoExecutor.map_array``): one array task per job, with ``--gpus-per-run`` GPUs and
+``--cpus-per-run`` CPUs on one node, the partition, time limit, account and the rest of the
+``--slurm-*`` options. Logs and submitit's pickles go to ``<study>/slurm`` (``--slurm-folder``).
+
+Each task runs :class:`StudyTask`, a submitit ``Checkpointable``. Before SLURM preempts a
+task or its time limit comes, it sends the task submitit's signal (SIGUSR2,
+:data:`SIGNAL_DELAY_S` seconds ahead: ``--signal=USR2@120``). The run training then finishes
+its step, saves a checkpoint of it (every process of a torchrun group gathering its part) and
+stops (:class:`modbench.runtime.checkpoint.Preempted`); only then does the task hand the
+signal to submitit, which calls :meth:`StudyTask.checkpoint` and requeues the same task, so no
+step is lost. (Outside a run's training loop the signal goes to submitit at once.) The
+requeued attempt claims its runs under the job's lease, taking over what its predecessor
+held, and resumes every run from that checkpoint (:func:`modbench.study.jobs.execute_job`
+resumes a run folder that has one), so a run longer than the time limit trains across several
+allocations.
+
+Each task asks for the host memory its runs need (``--mem``, :func:`host_memory_gb`: the full
+fp32 state a checkpoint gathers on rank 0, and per process the model built on the CPU and a
+runtime allowance), unless ``--slurm-mem-gb`` says otherwise. Results are collected
+as array tasks finish (``submitit.helpers.as_completed``); a task that fails (a crash, out of
+memory, cancelled, too many time-outs) has its unfinished runs recorded as failed with a
+one-line reason, and the next ``modbench study run`` retries them.
+
+The results store (``<study>/index.sqlite``) stays the only record: the study folder must be
+on a file system the compute nodes share. Interrupting ``modbench study run`` leaves the array
+running (``scancel`` stops it); its runs show as running in ``modbench study status``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from modbench.errors import ModbenchError
-from modbench.study.executors.base import ExecutorKind, flag, per_run, register
+from modbench.runtime.checkpoint import Preempted
+from modbench.study.executors.base import ExecutorKind, flag, one_line, per_run, register
+from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
+
+if TYPE_CHECKING:
+    import submitit
 
 #: a day per job (a longer run times out and is requeued from its last checkpoint, at most
 #: ``max_timeouts`` times), submitit's array parallelism
@@ -67,7 +105,7 @@ class SlurmKind(ExecutorKind):
     summary = "job arrays through submitit"
     options_type = SlurmOptions
     prefix = "slurm_"
-    implementation = "modbench.study.slurm_executor:SlurmExecutor"
+    implementation = "modbench.study.executors.slurm:SlurmExecutor"
     requires = "submitit"
     time_limited = True
 
@@ -125,3 +163,183 @@ class SlurmKind(ExecutorKind):
 
 
 KIND = register(SlurmKind())
+
+
+#: seconds before the end of an allocation at which SLURM signals a task: time to finish a
+#: step and write a checkpoint (a 3B run's ~36 GB of fp32 state at a few hundred MB/s)
+SIGNAL_DELAY_S = 300
+
+
+def host_memory_gb(jobs: list[Job]) -> int:
+    """Host memory (GB, rounded up) a task of these jobs needs, the largest of them:
+    :func:`modbench.measure.plan.host_memory_bytes` of each run (rank 0's gathered fp32
+    weights and optimizer state for a checkpoint, the model each process builds on the CPU,
+    a runtime allowance per process), summed over the seeds a job stacks. A resume maps its
+    checkpoint (``runtime.checkpoint``), sharing the node's page cache, so it adds nothing."""
+    from modbench.measure.plan import host_memory_bytes
+
+    need = max(sum(host_memory_bytes(c, job.nproc) for c in job.configs)
+               for job in jobs)
+    return -(-need // 10**9)
+
+
+class StudyTask:
+    """What each array task runs: :func:`execute_job` on its :class:`Job`. A run stopped by
+    the scheduler's signal (it saved its step) hands that signal to submitit's handler, which
+    requeues the task. Checkpointable as submitit defines it: it has a :meth:`checkpoint`
+    (what ``submitit.helpers.Checkpointable`` adds; subclassing it would import submitit with
+    this module)."""
+
+    def __call__(self, job: Job) -> list[JobResult]:
+        try:
+            return execute_job(job)
+        except Preempted as stopped:
+            _requeue(stopped)
+            raise
+
+    def checkpoint(self, job: Job) -> submitit.helpers.DelayedSubmission:
+        """On preemption or time-out: requeue the same job. The runs' own checkpoints hold
+        their state; the requeued attempt resumes them (same lease, so its claims carry over)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, job)
+
+
+class SlurmExecutor:
+    """Job arrays through submitit; see the module's docstring.
+
+    ``cluster``: submitit's cluster, ``slurm`` (default) or ``local`` (the same code path with
+    each task a local process: for tests). ``task``: the callable each array task runs (a
+    :class:`StudyTask`; a subclass may add set-up)."""
+
+    def __init__(self, options: SlurmOptions | Mapping[str, Any], *, verbose: bool = False,
+                 cluster: str = "slurm", poll_s: float | None = None,
+                 task: StudyTask | None = None) -> None:
+        if cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ModbenchError("--executor slurm needs SLURM's sbatch, which is not on this "
+                                "machine's PATH; run it on a cluster login node, or see what it "
+                                "would submit with --dry-run")
+        self.options: SlurmOptions = KIND.options(options)
+        self.verbose = verbose
+        self.cluster = cluster
+        self.poll_s = poll_s if poll_s is not None else (15.0 if cluster == "slurm" else 0.5)
+        self.task = task or StudyTask()
+        self.gpus_per_job = KIND.gpus(self.options)
+        self.cpus = KIND.cpus(self.options, self.gpus_per_job)
+        self.submitted: list[Any] = []  # the submitit jobs of the last wave
+
+    def folder(self, root: Path) -> Path:
+        return KIND.folder(self.options, root)
+
+    def _executor(self, root: Path, jobs: list[Job]) -> submitit.AutoExecutor:
+        import submitit
+
+        o = self.options
+        timeouts = o.timeouts_allowed
+        ex = submitit.AutoExecutor(folder=self.folder(root), cluster=self.cluster,
+                                   slurm_max_num_timeout=timeouts,
+                                   local_max_num_timeout=timeouts)
+        params: dict[str, Any] = {
+            "name": f"modbench-{root.name}",
+            "slurm_signal_delay_s": SIGNAL_DELAY_S,
+            "timeout_min": o.time_min,
+            "nodes": 1,
+            "tasks_per_node": 1,  # one process per job; a multi-GPU run starts torchrun itself
+            "gpus_per_node": self.gpus_per_job,
+            "cpus_per_task": self.cpus,
+            "mem_gb": o.mem_gb if o.mem_gb is not None else host_memory_gb(jobs),
+            "slurm_partition": o.partition,
+            "slurm_account": o.account,
+            "slurm_qos": o.qos,
+            "slurm_constraint": o.constraint,
+            "slurm_array_parallelism": o.array_parallelism,
+            "slurm_setup": list(o.setup) or None,
+            "slurm_additional_parameters": extra_parameters(o) or None,
+        }
+        ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        return ex
+
+    def run(self, jobs: list[Job]) -> Iterator[list[JobResult]]:
+        import submitit
+
+        if not jobs:
+            return
+        root = Path(jobs[0].root).resolve()
+        jobs = [dataclasses.replace(j, root=str(root), threads=self.cpus,
+                                    lease=f"slurm:{uuid.uuid4().hex}") for j in jobs]
+        ex = self._executor(root, jobs)
+        try:
+            submitted = ex.map_array(self.task, jobs)
+        except Exception as e:  # sbatch refused: a bad partition, account, time limit ...
+            raise ModbenchError(f"sbatch refused the job array ({one_line(e)}); check the "
+                                "--slurm-* options") from e
+        self.submitted = submitted
+        by_job = {id(s): j for s, j in zip(submitted, jobs, strict=True)}
+        array = submitted[0].job_id.split("_")[0]
+        if self.verbose:
+            _say(f"slurm: submitted {len(jobs)} task(s) as job {array}; logs in "
+                 f"{self.folder(root)}")
+        left = set(by_job)
+        try:
+            for sjob in submitit.helpers.as_completed(submitted, poll_frequency=self.poll_s):
+                left.discard(id(sjob))
+                job = by_job[id(sjob)]
+                try:
+                    results: list[JobResult] = sjob.result()
+                except Exception as e:
+                    results = lost_job_results(job, _reason(sjob, e))
+                yield results
+        except BaseException:
+            if left and self.verbose:
+                _say(f"slurm: job {array} keeps running ({len(left)} task(s) not finished); "
+                     f"`scancel {array}` stops it, `modbench study status {root}` follows it")
+            raise
+
+    def close(self) -> None:
+        pass
+
+
+def _requeue(stopped: Preempted) -> None:
+    """Give submitit the signal a run stopped on (after it saved): its handler calls
+    :meth:`StudyTask.checkpoint`, requeues the task and exits. SIGTERM (``scancel``, or
+    SLURM ending the job) is not passed on: the task ends, and the next ``modbench study
+    run`` resumes the run from the checkpoint. Outside a submitit job (no handler of its
+    own) nothing happens."""
+    import signal
+
+    import submitit
+
+    try:
+        sig = submitit.JobEnvironment._usr_sig()
+    except (AttributeError, RuntimeError):
+        return
+    handler = signal.getsignal(sig)
+    if stopped.signum != signal.SIGTERM and callable(handler):
+        handler(sig, None)  # submitit's SignalHandler.checkpoint_and_try_requeue
+
+
+def _reason(sjob: Any, error: Exception) -> str:
+    """One line: which task, how it ended, the last line of its error, where its log is."""
+    try:
+        state = sjob.state
+    except Exception:
+        state = "UNKNOWN"
+    return (f"SLURM task {sjob.job_id} ended {state}: {_error_line(error)} (log: "
+            f"{sjob.paths.stderr}); run `modbench study run` again to retry it")
+
+
+def _error_line(error: Exception) -> str:
+    """The last line of the task's traceback (submitit's FailedJobError quotes it between two
+    dashed lines, then the log paths), else the last line of what submitit says."""
+    import submitit
+
+    text, rule = str(error), "-" * 22 + "\n"
+    if isinstance(error, submitit.core.utils.FailedJobError) and text.count(rule) >= 2:
+        text = text.split(rule)[1]
+    return one_line(text, 200)
+
+
+def _say(message: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(message, file=sys.stderr)

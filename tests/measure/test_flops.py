@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from modbench.analysis import flop_report
-from modbench.analysis.flops import baseline_params
 from modbench.cli import run_cli
 from modbench.config import PRESETS
 from modbench.conformance.kit import flops_agree
+from modbench.measure import flop_report
+from modbench.measure.flops import baseline_params
 from modbench.methods.build import count_params
 from tests.helpers import tiny
 

@@ -15,16 +15,16 @@ because the machines this runs on are shared and noisy:
 
 One step is the trainer's: forward, loss, backward, clipping, AdamW update. On CUDA, steps are
 timed between synchronisations and the tables add model FLOPs utilisation (the analytic
-training FLOPs per token of :mod:`modbench.analysis.flops` — 3 x the forward's matrix
+training FLOPs per token of :mod:`modbench.measure.flops` — 3 x the forward's matrix
 multiplications, attention scores included — times tokens/s over the device's dense bf16 peak)
 and step memory (the peak a step allocates above the resident weights and optimizer state).
 On the CPU the memory column is the activation memory a step keeps for backward
-(:func:`modbench.analysis.memory.saved_activation_bytes`), which does not depend on timing.
+(:func:`modbench.measure.memory.saved_activation_bytes`), which does not depend on timing.
 
 Defaults by device. On the CPU: fp32, eager, the preset's own batch (what the CPU tables in
 BENCHMARKS.md were measured with). On CUDA: bf16 autocast and ``torch.compile`` (how the
 trainer runs there: ``recipe.precision=auto``, ``train.compile=auto``), the method table on one
-micro-batch (the memory plan's, :mod:`modbench.analysis.plan`, that every method of the table
+micro-batch (the memory plan's, :mod:`modbench.measure.plan`, that every method of the table
 fits beside the others' resident state: :func:`micro_batch_for`), and MFU against the exact
 GPU model's peak (:func:`modbench.runtime.gpus.peak_tflops`: an H100 PCIe is not an H100
 SXM). Either may be
@@ -63,10 +63,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from modbench.analysis.flops import flop_report
-from modbench.analysis.memory import saved_activation_bytes
 from modbench.config import ModelConfig, resolve
 from modbench.errors import ModbenchError
+from modbench.measure.flops import flop_report
+from modbench.measure.memory import saved_activation_bytes
 from modbench.methods.build import plan
 from modbench.model.attention import ExplicitKernel
 from modbench.runtime import loss as loss_mod
@@ -285,7 +285,7 @@ def micro_batch_for(preset: str, seq: int, device: torch.device,
     fp32 weights and two moments (12 bytes a parameter): every case fits at the chosen size.
     Planning traces each method on the CPU (seconds each)."""
     try:
-        from modbench.analysis import plan as memory_plan
+        from modbench.measure import plan as memory_plan
     except ImportError:
         return max(1, GPU_TOKENS // seq), "fixed"
     known = detect(device)  # the exact model where known: its own memory and type

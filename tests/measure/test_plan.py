@@ -1,4 +1,4 @@
-"""The memory plan (modbench.analysis.plan): its terms, the affine extrapolation in the
+"""The memory plan (modbench.measure.plan): its terms, the affine extrapolation in the
 micro-batch, the choice of a micro-batch, the refusal, stacking decisions, ``modbench plan``
 and train.micro_batch_size=auto in the trainer."""
 
@@ -12,7 +12,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from modbench.analysis.plan import (
+from modbench.cli import app
+from modbench.config import resolve
+from modbench.errors import ModbenchError
+from modbench.measure.plan import (
     FIXED_ALLOWANCE,
     MARGIN,
     CudaAutocastPolicy,
@@ -21,9 +24,6 @@ from modbench.analysis.plan import (
     max_ensembles,
     plan_memory,
 )
-from modbench.cli import app
-from modbench.config import resolve
-from modbench.errors import ModbenchError
 from modbench.methods.build import count_params
 from modbench.runtime.gpus import lookup
 from modbench.study.runner import _jobs

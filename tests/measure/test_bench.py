@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from modbench.analysis import bench
 from modbench.cli import run_cli
 from modbench.config import resolve
 from modbench.errors import ModbenchError
+from modbench.measure import bench
 from modbench.methods.build import build_model
 
 pytest.importorskip("transformers")
@@ -121,11 +121,11 @@ def test_the_table_runs_one_micro_batch_on_cuda(monkeypatch: pytest.MonkeyPatch)
     assert bench.table_batch("llama-60m", cpu) == (512, 256, "preset")  # the CPU: as before
     assert bench.table_batch("llama-60m", gpu, micro_batch=24) == (24, 256, "given")
     # no memory plan: the import fails (the package's attribute too, which another test's
-    # import of the module sets and `from modbench.analysis import plan` reads first)
-    import modbench.analysis
+    # import of the module sets and `from modbench.measure import plan` reads first)
+    import modbench.measure
 
-    monkeypatch.setitem(sys.modules, "modbench.analysis.plan", None)
-    monkeypatch.delattr(modbench.analysis, "plan", raising=False)
+    monkeypatch.setitem(sys.modules, "modbench.measure.plan", None)
+    monkeypatch.delattr(modbench.measure, "plan", raising=False)
     assert bench.table_batch("llama-60m", gpu) == (bench.GPU_TOKENS // 256, 256, "fixed")
     assert bench.table_batch("climb-1.2b", gpu) == (bench.GPU_TOKENS // 1024, 1024, "fixed")
 
@@ -133,7 +133,7 @@ def test_the_table_runs_one_micro_batch_on_cuda(monkeypatch: pytest.MonkeyPatch)
 def test_the_micro_batch_on_cuda_is_the_memory_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from modbench.analysis import plan as memory_plan
+    from modbench.measure import plan as memory_plan
     from modbench.runtime.gpus import lookup
 
     asked = []
