@@ -123,27 +123,17 @@ def _run_files(run: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return dict(tree.get("meta") or {}), summary
 
 
-def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None) -> Path:
-    """Write the Hugging Face checkpoint of ``run_dir`` to ``out`` (which must not exist or
-    be empty). ``repo_id``: the Hub repo it will be pushed to, named in the model card's
-    example (default: ``out``)."""
-    run, target = Path(run_dir), Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ModbenchError(f"{target} exists and is not an empty folder; choose another "
-                            "--hf folder")
-    try:
-        from safetensors.torch import save_file
-    except ImportError as e:
-        raise ModbenchError("exporting needs safetensors and transformers; install "
-                            "`pip install 'modbench[eval]'`") from e
-    cfg, model, step = load_run(run)
-    methods = list(getattr(model, "methods", []))
+def _check_exportable(methods: list[Any]) -> None:
+    """Refuse a method that declares ``exportable = False``."""
     for m in methods:
         if not getattr(m, "exportable", True):
             raise ModbenchError(f"method '{m.name}' cannot be exported to Hugging Face format "
                                 f"({getattr(m, 'export_note', 'see its docstring')})")
-    meta, summary = _run_files(run)
-    origins = method_origins(m.name for m in methods)
+
+
+def _run_tokenizer(cfg: Any) -> tuple[Path, int, str]:
+    """The run's tokenizer file, checked against the checksum its data records, with the EOS
+    id and token."""
     data_cfg = copy.deepcopy(cfg)
     data_cfg.data.verify = False  # only the tokenizer is read; its checksum is checked below
     data = open_data(data_cfg, progress=False)
@@ -153,14 +143,14 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
         raise ModbenchError(f"{tok_file} is not the tokenizer the run's data records (its "
                             "sha256 differs); re-prepare the data with `modbench data prepare`")
     eos_id = int(data.eos_id)
-    eos = tok.id_to_token(eos_id)
-    version = code_version()
-    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
-    files = bundle([type(m) for m in methods],
-                   header=f"bundled from modbench {version['modbench']} "
-                          f"(git {str(version['git_commit'] or 'n/a')[:12]}) by `modbench "
-                          "export`, its modbench imports pointed at this folder's files")
-    config: dict[str, Any] = {
+    return tok_file, eos_id, tok.id_to_token(eos_id)
+
+
+def _hf_config(cfg: Any, run: Path, step: int, methods: list[Any],
+               origins: dict[str, dict[str, Any]], eos_id: int, dtype: str) -> dict[str, Any]:
+    """``config.json``: the remote-code classes, modbench's model config and methods, the
+    run it came from."""
+    return {
         "model_type": "modbench",
         "architectures": ["ModbenchForCausalLM"],
         "auto_map": {
@@ -182,7 +172,66 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
                          "data_seed": cfg.data.data_seed, "preset": cfg.preset,
                          "method": cfg.model.method},
     }
+
+
+def _weights(model: Any) -> dict[str, Any]:
+    """The state dict under ``model.``, as safetensors takes it.
+
+    A weight shared by several layers (the tie slot) is written under each of its names as
+    its own copy: safetensors refuses tensors that share memory; loading writes the equal
+    copies into the one shared parameter."""
+    tensors: dict[str, Any] = {}
+    stored: set[tuple[int, int]] = set()
+    for k, v in model.state_dict().items():
+        t = v.detach().contiguous().cpu()
+        where = (t.untyped_storage().data_ptr(), t.storage_offset())
+        tensors[f"model.{k}"] = t.clone() if where in stored else t
+        stored.add(where)
+    return tensors
+
+
+def _write_tokenizer_files(folder: Path, tok_file: Path, eos_id: int, eos: str,
+                           max_seq_len: int) -> None:
+    """``tokenizer.json`` (the data's own), ``tokenizer_config.json``,
+    ``special_tokens_map.json`` and ``generation_config.json``: EOS is every special token."""
     special = {"bos_token": eos, "eos_token": eos, "unk_token": eos, "pad_token": eos}
+    shutil.copyfile(tok_file, folder / "tokenizer.json")
+    _write_json(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_seq_len, "clean_up_tokenization_spaces": False,
+        "add_bos_token": False, "add_eos_token": False, **special})
+    _write_json(folder / "special_tokens_map.json", special)
+    _write_json(folder / "generation_config.json", {
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
+        "use_cache": False})
+
+
+def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None) -> Path:
+    """Write the Hugging Face checkpoint of ``run_dir`` to ``out`` (which must not exist or
+    be empty). ``repo_id``: the Hub repo it will be pushed to, named in the model card's
+    example (default: ``out``)."""
+    run, target = Path(run_dir), Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ModbenchError(f"{target} exists and is not an empty folder; choose another "
+                            "--hf folder")
+    try:
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise ModbenchError("exporting needs safetensors and transformers; install "
+                            "`pip install 'modbench[eval]'`") from e
+    cfg, model, step = load_run(run)
+    methods = list(getattr(model, "methods", []))
+    _check_exportable(methods)
+    meta, summary = _run_files(run)
+    origins = method_origins(m.name for m in methods)
+    tok_file, eos_id, eos = _run_tokenizer(cfg)
+    version = code_version()
+    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+    files = bundle([type(m) for m in methods],
+                   header=f"bundled from modbench {version['modbench']} "
+                          f"(git {str(version['git_commit'] or 'n/a')[:12]}) by `modbench "
+                          "export`, its modbench imports pointed at this folder's files")
+    config = _hf_config(cfg, run, step, methods, origins, eos_id, dtype)
     card = model_card(cfg, run=run, step=step, summary=summary, meta=meta, methods=methods,
                       params=sum(p.numel() for p in model.parameters()),
                       load_as=repo_id or str(target), exported_with=version,
@@ -193,27 +242,9 @@ def export_hf(run_dir: str | Path, out: str | Path, *, repo_id: str | None = Non
             (tmp / name).write_text(text, encoding="utf-8")
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        # a weight shared by several layers (the tie slot) is written under each of its
-        # names as its own copy: safetensors refuses tensors that share memory; loading
-        # writes the equal copies into the one shared parameter
-        tensors: dict[str, Any] = {}
-        stored: set[tuple[int, int]] = set()
-        for k, v in model.state_dict().items():
-            t = v.detach().contiguous().cpu()
-            where = (t.untyped_storage().data_ptr(), t.storage_offset())
-            tensors[f"model.{k}"] = t.clone() if where in stored else t
-            stored.add(where)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(_weights(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _write_json(tmp / "config.json", config)
-        shutil.copyfile(tok_file, tmp / "tokenizer.json")
-        _write_json(tmp / "tokenizer_config.json", {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": cfg.model.max_seq_len, "clean_up_tokenization_spaces": False,
-            "add_bos_token": False, "add_eos_token": False, **special})
-        _write_json(tmp / "special_tokens_map.json", special)
-        _write_json(tmp / "generation_config.json", {
-            "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
-            "use_cache": False})
+        _write_tokenizer_files(tmp, tok_file, eos_id, eos, cfg.model.max_seq_len)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for f in tmp.iterdir():  # safetensors writes 0600; the folder is for sharing
             os.chmod(f, 0o666 & ~umask())
