@@ -143,32 +143,25 @@ def _origin_text(rec: dict[str, Any]) -> str:
             "the modules of its package that it imports")
 
 
-def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] | None,
-               meta: dict[str, Any], methods: list[Any], params: int, load_as: str,
-               exported_with: dict[str, Any], study: dict[str, Any] | None,
-               dtype: str = "float32", origins: dict[str, dict[str, Any]] | None = None,
-               ) -> str:
-    """The README.md of an export (markdown with the Hub's YAML header). ``origins``: where
-    each method came from (:func:`modbench.methods.plugins.origin`), stated under it."""
-    m, r, t, d = cfg.model, cfg.recipe, cfg.train, cfg.data
-    method = m.method or "baseline"
+def _front(cfg: RunConfig, run: Path, step: int, methods: list[Any], plugins: bool) -> list[str]:
+    """The Hub's YAML header (library, pipeline, tags), the title and what the folder is."""
+    method = cfg.model.method or "baseline"
     tags = ["modbench", "custom_code", *sorted({x.name for x in methods} or {"baseline"})]
-    code = meta.get("code") or {}
-    plugins = any(o.get("origin") != "builtin" for o in (origins or {}).values())
-    s = summary or {}
-    status = s.get("status", "unfinished (no summary.json: the checkpoint of an interrupted "
-                             "run)")
-    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:",
-             *[f"- {x}" for x in tags], "---", "",
-             f"# modbench `{method}` on `{cfg.preset}`, seed {cfg.seed}", "",
-             f"A decoder trained by modbench under one frozen recipe, "
-             f"exported from the run folder `{run}` at step {step:,}. The folder carries "
-             "modbench's own model code (`modbench_*.py`)"
-             + (" and the code of the methods plugins it uses (`plugin_*.py`)" if plugins
-                else "")
-             + ", so it loads with torch and transformers alone, and gives modbench's "
-             "logits.", "",
-             "## Method", ""]
+    return ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:",
+            *[f"- {x}" for x in tags], "---", "",
+            f"# modbench `{method}` on `{cfg.preset}`, seed {cfg.seed}", "",
+            f"A decoder trained by modbench under one frozen recipe, "
+            f"exported from the run folder `{run}` at step {step:,}. The folder carries "
+            "modbench's own model code (`modbench_*.py`)"
+            + (" and the code of the methods plugins it uses (`plugin_*.py`)" if plugins
+               else "")
+            + ", so it loads with torch and transformers alone, and gives modbench's "
+            "logits.", ""]
+
+
+def _method_section(methods: list[Any], origins: dict[str, dict[str, Any]] | None) -> list[str]:
+    """Each method, its category, summary and citation, and where it came from."""
+    lines = ["## Method", ""]
     if not methods:
         lines.append("`baseline`: the shared Llama-2-style decoder (RMSNorm, RoPE, GQA, "
                      "SwiGLU, pre-norm), with no modification.")
@@ -178,7 +171,13 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
                      + (f" — {x.citation}" if x.citation else ""))
         if origins is not None and x.name in origins:
             lines.append(f"  - origin: {_origin_text(origins[x.name])}")
-    lines += [
+    return lines
+
+
+def _setup_sections(cfg: RunConfig, params: int, meta: dict[str, Any]) -> list[str]:
+    """The model's shape, the training recipe and the data."""
+    m, r, t, d = cfg.model, cfg.recipe, cfg.train, cfg.data
+    return [
         "", "## Model", "",
         f"Preset `{cfg.preset}`: {m.n_layers} layers, width {m.d_model}, {m.n_heads} heads "
         f"({m.n_kv_heads} key/value), FFN {m.d_ff}, vocabulary {m.vocab_size:,}, context "
@@ -199,12 +198,23 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
         + f", data seed {d.data_seed} (the batch order), fingerprint "
           f"`{(meta.get('data') or {}).get('fingerprint', 'n/a')}`"
         + (f", probe rows mixed in: {d.probe_mix:g}" if d.probe_mix else "") + ".", "",
+    ]
+
+
+def _training_section(cfg: RunConfig, step: int, summary: dict[str, Any] | None,
+                      meta: dict[str, Any], exported_with: dict[str, Any]) -> list[str]:
+    """How far training went, its losses and the code that trained and exported it."""
+    code = meta.get("code") or {}
+    s = summary or {}
+    status = s.get("status", "unfinished (no summary.json: the checkpoint of an interrupted "
+                             "run)")
+    return [
         "## Training", "",
         "| | |", "|---|---|",
         f"| status | {status} |",
-        f"| steps | {s.get('steps', step):,} of {s.get('steps_planned', t.steps):,} |",
+        f"| steps | {s.get('steps', step):,} of {s.get('steps_planned', cfg.train.steps):,} |",
         f"| tokens | {s['tokens']:,} |" if isinstance(s.get("tokens"), int) else "| tokens | n/a |",
-        f"| seeds | init {cfg.seed}, data {d.data_seed} |",
+        f"| seeds | init {cfg.seed}, data {cfg.data.data_seed} |",
         f"| validation loss | {_num(s.get('initial_val_loss'))} → "
         f"{_num(s.get('final_val_loss'))} |",
         f"| trained with | modbench {code.get('modbench', 'n/a')} "
@@ -213,8 +223,11 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
         f"(git {str(exported_with.get('git_commit') or 'n/a')[:12]}) |",
         "",
     ]
-    lines += _study_section(study, method)
-    lines += [
+
+
+def _use_section(load_as: str, plugins: bool, max_seq_len: int, dtype: str) -> list[str]:
+    """How to load it with transformers, what trusting its code means, and evaluating it."""
+    return [
         "## Use", "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -230,9 +243,27 @@ def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] 
         "code: `PreTrainedTokenizerFast.from_pretrained(...)` loads it without the flag "
         "(transformers 5's `AutoTokenizer` reads the model's config first, which is remote "
         "code, hence the flag there too).", "",
-        f"The model attends over at most {m.max_seq_len} tokens and keeps no key/value cache "
+        f"The model attends over at most {max_seq_len} tokens and keeps no key/value cache "
         f"(`generate` recomputes the whole sequence each step). Weights are {dtype}.", "",
         "Evaluate with lm-evaluation-harness: `lm_eval --model hf --model_args "
         f"pretrained={load_as},trust_remote_code=True --tasks ...`.", "",
+    ]
+
+
+def model_card(cfg: RunConfig, *, run: Path, step: int, summary: dict[str, Any] | None,
+               meta: dict[str, Any], methods: list[Any], params: int, load_as: str,
+               exported_with: dict[str, Any], study: dict[str, Any] | None,
+               dtype: str = "float32", origins: dict[str, dict[str, Any]] | None = None,
+               ) -> str:
+    """The README.md of an export (markdown with the Hub's YAML header). ``origins``: where
+    each method came from (:func:`modbench.methods.plugins.origin`), stated under it."""
+    plugins = any(o.get("origin") != "builtin" for o in (origins or {}).values())
+    lines = [
+        *_front(cfg, run, step, methods, plugins),
+        *_method_section(methods, origins),
+        *_setup_sections(cfg, params, meta),
+        *_training_section(cfg, step, summary, meta, exported_with),
+        *_study_section(study, cfg.model.method or "baseline"),
+        *_use_section(load_as, plugins, cfg.model.max_seq_len, dtype),
     ]
     return "\n".join(lines)
