@@ -246,6 +246,83 @@ def _mean_profile(profiles: list[list[float | None]]) -> list[float | None]:
     return [_mean([p[i] if i < len(p) else None for p in profiles]) for i in range(n)]
 
 
+def _scale_intro(scale: str, here: list[Any], per: dict[str, list[dict[str, Any]]]) -> Block:
+    """What was diagnosed at ``scale`` (runs, validation batches) and what the columns mean."""
+    batches = sorted({d["batches"] for ds in per.values() for d in ds
+                      if isinstance(d.get("batches"), int)})
+    n_runs = sum(len(ds) for ds in per.values())
+    return Block("p", f"**{scale}**: `modbench diagnose` on {n_runs} of "
+                      f"{len(here)} finished runs that did not diverge "
+                      f"({'/'.join(str(b) for b in batches)} validation "
+                      f"batch{'es' if batches != [1] else ''} each); every "
+                      "number is the mean over the seeds "
+                      "diagnosed. Skip Δloss: the validation loss with the "
+                      "layer replaced by the identity minus the model's; "
+                      "variance: of the residual stream entering a block; "
+                      "Δloss W4 / A8: the loss increase under 4-bit "
+                      "round-to-nearest weights (per output channel, or per "
+                      "group of 128 inputs) and 8-bit per-token activations "
+                      "(quantization robustness).")
+
+
+def _method_tables(per: dict[str, list[dict[str, Any]]]) -> list[Block]:
+    """The per-layer and the weight figures, one row per method (mean over its seeds)."""
+    figs = {m: [run_figures(d) for d in ds] for m, ds in per.items()}
+    blocks = []
+    for cols in (LAYER_COLUMNS, WEIGHT_COLUMNS):
+        body = [[f"`{m}`", str(len(fs)), *[_sig(_mean([f[k] for f in fs]), dig)
+                                           for k, _, dig in cols]]
+                for m, fs in figs.items() if fs]
+        blocks.append(Block("table", header=["method", "seeds",
+                                             *[h for _, h, _ in cols]], rows=body))
+    return blocks
+
+
+def _depth_plot_block(per: dict[str, list[dict[str, Any]]], scale: str, out: Path) -> Block:
+    """The depth profiles of `modbench diagnose`, one line per method (mean over seeds)."""
+    profiles = {m: [depth_profiles(d) for d in ds] for m, ds in per.items() if ds}
+
+    def series(key: str) -> dict[str, list[float | None]]:
+        return {m: _mean_profile([p[key] for p in ps]) for m, ps in profiles.items()}
+
+    n_layers = max(len(v) for ps in profiles.values() for p in ps for v in p.values())
+    path = depth_plot([
+        ("variance entering the block", series("variance"), True),
+        ("Δ loss, layer skipped", series("skip_delta_loss"), False),
+        ("gradient norm", series("grad_norm"), True),
+    ], [str(i) for i in range(n_layers)], f"depth profiles (mean over seeds) — {scale}",
+        out / f"depth_profiles_{scale}.png", xlabel="layer")
+    return Block("img", f"Depth profiles from `modbench diagnose`, {scale}: one "
+                        "line per method", path=path)
+
+
+def _training_plot_block(trained: dict[str, list[dict[str, Any]]], scale: str,
+                         out: Path) -> Block:
+    """Per-layer gradient norm and activation RMS logged during training, one line per
+    method (mean over seeds)."""
+    n_layers = max(len(p["grad_norm"]) for ps in trained.values() for p in ps)
+    path = depth_plot([
+        ("gradient norm (median over logged steps)",
+         {m: _mean_profile([p["grad_norm"] for p in ps]) for m, ps in trained.items()},
+         True),
+        ("activation RMS (last logged step)",
+         {m: _mean_profile([p["act_rms"] for p in ps]) for m, ps in trained.items()},
+         True),
+    ], [str(i) for i in range(n_layers)],
+        f"layers during training (train.log_layers, mean over seeds) — {scale}",
+        out / f"training_layers_{scale}.png", xlabel="layer")
+    return Block("img", f"Per-layer gradient norm and activation RMS during "
+                        f"training (train.log_layers), {scale}", path=path)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
 def study_diagnostics(rows: list[Any], baseline: str, out: Path) -> list[Block]:
     """The report's diagnostics section (report blocks; none when no run has diagnostics or
     per-layer logs): per scale, the per-method tables (mean over the seeds diagnosed), the
@@ -268,70 +345,18 @@ def study_diagnostics(rows: list[Any], baseline: str, out: Path) -> list[Block]:
         per: dict[str, list[dict[str, Any]]] = {
             m: [diag[r.key] for r in here if r.method == m and r.key in diag] for m in methods}
         if diag.keys() & {r.key for r in here}:
-            batches = sorted({d["batches"] for ds in per.values() for d in ds
-                              if isinstance(d.get("batches"), int)})
-            n_runs = sum(len(ds) for ds in per.values())
-            blocks.append(Block("p", f"**{scale}**: `modbench diagnose` on {n_runs} of "
-                                     f"{len(here)} finished runs that did not diverge "
-                                     f"({'/'.join(str(b) for b in batches)} validation "
-                                     f"batch{'es' if batches != [1] else ''} each); every "
-                                     "number is the mean over the seeds "
-                                     "diagnosed. Skip Δloss: the validation loss with the "
-                                     "layer replaced by the identity minus the model's; "
-                                     "variance: of the residual stream entering a block; "
-                                     "Δloss W4 / A8: the loss increase under 4-bit "
-                                     "round-to-nearest weights (per output channel, or per "
-                                     "group of 128 inputs) and 8-bit per-token activations "
-                                     "(quantization robustness)."))
-            figs = {m: [run_figures(d) for d in ds] for m, ds in per.items()}
-            for cols in (LAYER_COLUMNS, WEIGHT_COLUMNS):
-                body = [[f"`{m}`", str(len(fs)), *[_sig(_mean([f[k] for f in fs]), dig)
-                                                   for k, _, dig in cols]]
-                        for m, fs in figs.items() if fs]
-                blocks.append(Block("table", header=["method", "seeds",
-                                                     *[h for _, h, _ in cols]], rows=body))
-            for r in here:
-                if r.key in diag:
-                    csv_rows.append({"scale": scale, "method": r.method, "seed": r.seed,
-                                     **run_figures(diag[r.key])})
-            profiles = {m: [depth_profiles(d) for d in ds] for m, ds in per.items() if ds}
-
-            def series(key: str, profiles: dict[str, list[dict[str, Any]]] = profiles
-                       ) -> dict[str, list[float | None]]:
-                return {m: _mean_profile([p[key] for p in ps]) for m, ps in profiles.items()}
-
-            n_layers = max(len(v) for ps in profiles.values() for p in ps for v in p.values())
-            path = depth_plot([
-                ("variance entering the block", series("variance"), True),
-                ("Δ loss, layer skipped", series("skip_delta_loss"), False),
-                ("gradient norm", series("grad_norm"), True),
-            ], [str(i) for i in range(n_layers)], f"depth profiles (mean over seeds) — {scale}",
-                out / f"depth_profiles_{scale}.png", xlabel="layer")
-            blocks.append(Block("img", f"Depth profiles from `modbench diagnose`, {scale}: one "
-                                       "line per method", path=path))
+            blocks.append(_scale_intro(scale, here, per))
+            blocks += _method_tables(per)
+            csv_rows += [{"scale": scale, "method": r.method, "seed": r.seed,
+                          **run_figures(diag[r.key])} for r in here if r.key in diag]
+            blocks.append(_depth_plot_block(per, scale, out))
         trained = {m: [logs[r.key] for r in here if r.method == m and r.key in logs]
                    for m in methods}
         trained = {m: ps for m, ps in trained.items() if ps}
         if trained:
-            n_layers = max(len(p["grad_norm"]) for ps in trained.values() for p in ps)
-            path = depth_plot([
-                ("gradient norm (median over logged steps)",
-                 {m: _mean_profile([p["grad_norm"] for p in ps]) for m, ps in trained.items()},
-                 True),
-                ("activation RMS (last logged step)",
-                 {m: _mean_profile([p["act_rms"] for p in ps]) for m, ps in trained.items()},
-                 True),
-            ], [str(i) for i in range(n_layers)],
-                f"layers during training (train.log_layers, mean over seeds) — {scale}",
-                out / f"training_layers_{scale}.png", xlabel="layer")
-            blocks.append(Block("img", f"Per-layer gradient norm and activation RMS during "
-                                       f"training (train.log_layers), {scale}", path=path))
+            blocks.append(_training_plot_block(trained, scale, out))
     if csv_rows:
-        buf = io.StringIO(newline="")
-        w = csv.DictWriter(buf, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
-        atomic_write_text(out / "diagnostics.csv", buf.getvalue())
+        _write_csv(out / "diagnostics.csv", csv_rows)
     return blocks
 
 
