@@ -35,12 +35,14 @@ the loss under 4-bit round-to-nearest per-channel weight quantization of the blo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from modbench.remove_norm.core import (
     DIAGNOSTICS_DIR,
     REPORT,
     FakeNorm,
+    FineTuneResult,
     FineTuneSettings,
     NormHolder,
     Outcome,
@@ -248,25 +251,46 @@ def gpt2_data(folder: Path, data: str | None, seq_len: int | None, vocab: int,
 # ------------------------------------------------------------------------ diagnostics
 
 
-def gpt2_diagnostics(model: LogitsOf, batches: list[torch.Tensor]) -> dict[str, Any]:
-    """The GPT-2 subset of the diagnostics (module docstring), JSON-ready."""
-    from modbench.eval.diagnostics import (
-        Moments,
-        _sum_finite,
-        angular_distance,
-        finalise,
-        rtn_quantize,
-        swapped_weights,
-        weight_figures,
-    )
+class _BlockFigures:
+    """Per block, over the batches: the residual stream at its input (pooled moments), the
+    angular distance between its input and its output, its gradient norm; and the stream
+    entering ``ln_f``."""
 
-    hf = model.hf
-    blocks = list(hf.transformer.h)
-    n = len(blocks)
-    streams = [Moments() for _ in range(n)]
-    final = Moments()
-    ang = [[0.0, 0] for _ in range(n)]
-    grads: list[list[float]] = [[] for _ in range(n)]
+    def __init__(self, n: int) -> None:
+        from modbench.eval.diagnostics import Moments
+
+        self.n = n
+        self.streams = [Moments() for _ in range(n)]
+        self.final = Moments()
+        self.ang = [[0.0, 0] for _ in range(n)]
+        self.grads: list[list[float]] = [[] for _ in range(n)]
+
+    def add(self, blocks: list[nn.Module], seen: dict[int, torch.Tensor]) -> None:
+        """One batch, after its backward pass; ``seen[i]``: the input of block ``i`` (``n``:
+        of ``ln_f``)."""
+        from modbench.eval.diagnostics import _sum_finite, angular_distance
+
+        for i, b in enumerate(blocks):
+            sq = sum(float(p.grad.double().pow(2).sum()) for p in b.parameters()
+                     if p.grad is not None)
+            self.grads[i].append(math.sqrt(sq))
+            self.streams[i].add(seen[i])
+            s, c = _sum_finite(angular_distance(seen[i], seen[i + 1]))
+            self.ang[i][0] += s
+            self.ang[i][1] += c
+        self.final.add(seen[self.n])
+
+    def layers(self) -> list[dict[str, Any]]:
+        ang, grads = self.ang, self.grads
+        return [{"layer": i, **self.streams[i].figures(),
+                 "angular_distance": ang[i][0] / ang[i][1] if ang[i][1] else None,
+                 "grad_norm": sum(grads[i]) / len(grads[i])} for i in range(self.n)]
+
+
+@contextlib.contextmanager
+def _stream_inputs(hf: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
+    """While open, the dict holds the input of each block ``i`` of the last forward pass
+    under ``i``, and that of ``ln_f`` under the number of blocks."""
     seen: dict[int, torch.Tensor] = {}
 
     def reader(k: int) -> Any:
@@ -274,16 +298,54 @@ def gpt2_diagnostics(model: LogitsOf, batches: list[torch.Tensor]) -> dict[str, 
             seen[k] = args[0].detach()
         return hook
 
+    blocks = list(hf.transformer.h)
     handles = [b.register_forward_pre_hook(reader(i)) for i, b in enumerate(blocks)]
-    handles.append(hf.transformer.ln_f.register_forward_pre_hook(reader(n)))
-    convs = [m for b in blocks for m in b.modules() if type(m).__name__ == "Conv1D"]
-    quant = {m.weight: rtn_quantize(m.weight.detach().t()).t().contiguous() for m in convs}
-    losses, q_losses, rows = [], [], []
+    handles.append(hf.transformer.ln_f.register_forward_pre_hook(reader(len(blocks))))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _gradients_on(model: nn.Module) -> Iterator[None]:
+    """Every parameter takes a gradient while open; afterwards the gradients are dropped and
+    each parameter's ``requires_grad`` is what it was."""
     was = {p: p.requires_grad for p in model.parameters()}
-    model.eval()
     try:
         for p in model.parameters():
             p.requires_grad_(True)
+        yield
+    finally:
+        model.zero_grad(set_to_none=True)
+        for p, flag in was.items():
+            p.requires_grad_(flag)
+
+
+def _layered_weight_figures(model: nn.Module) -> list[dict[str, Any]]:
+    """The weight figures of every matrix, each with the block it belongs to (or None)."""
+    from modbench.eval.diagnostics import weight_figures
+
+    weights = weight_figures(model)
+    for w in weights:
+        m = re.search(r"\.h\.(\d+)\.", w["name"])
+        w["layer"] = int(m.group(1)) if m else None
+    return weights
+
+
+def gpt2_diagnostics(model: LogitsOf, batches: list[torch.Tensor]) -> dict[str, Any]:
+    """The GPT-2 subset of the diagnostics (module docstring), JSON-ready."""
+    from modbench.eval.diagnostics import finalise, rtn_quantize, swapped_weights
+
+    hf = model.hf
+    blocks = list(hf.transformer.h)
+    figures = _BlockFigures(len(blocks))
+    convs = [m for b in blocks for m in b.modules() if type(m).__name__ == "Conv1D"]
+    quant = {m.weight: rtn_quantize(m.weight.detach().t()).t().contiguous() for m in convs}
+    losses, q_losses, rows = [], [], []
+    model.eval()
+    with _gradients_on(model), _stream_inputs(hf) as seen:
         for batch in batches:
             model.zero_grad(set_to_none=True)
             seen.clear()
@@ -291,30 +353,12 @@ def gpt2_diagnostics(model: LogitsOf, batches: list[torch.Tensor]) -> dict[str, 
             loss.backward()
             rows.append(batch.shape[0])
             losses.append(float(loss.detach()))
-            for i, b in enumerate(blocks):
-                sq = sum(float(p.grad.double().pow(2).sum()) for p in b.parameters()
-                         if p.grad is not None)
-                grads[i].append(math.sqrt(sq))
-                streams[i].add(seen[i])
-                s, c = _sum_finite(angular_distance(seen[i], seen[i + 1]))
-                ang[i][0] += s
-                ang[i][1] += c
-            final.add(seen[n])
+            figures.add(blocks, seen)
             with torch.no_grad(), swapped_weights(quant):
                 q_losses.append(float(lm_loss(model(batch), batch)))
-    finally:
-        for h in handles:
-            h.remove()
-        model.zero_grad(set_to_none=True)
-        for p, flag in was.items():
-            p.requires_grad_(flag)
     total = sum(rows)
     ref = sum(v * r for v, r in zip(losses, rows, strict=True)) / total
     q = sum(v * r for v, r in zip(q_losses, rows, strict=True)) / total
-    weights = weight_figures(model)
-    for w in weights:
-        m = re.search(r"\.h\.(\d+)\.", w["name"])
-        w["layer"] = int(m.group(1)) if m else None
     result = {
         "subset": "GPT-2: validation loss, per-block stream figures, angular distance and "
                   "gradient norm, weight spectra, W4 per-channel quantization (the other "
@@ -322,11 +366,9 @@ def gpt2_diagnostics(model: LogitsOf, batches: list[torch.Tensor]) -> dict[str, 
         "batches": len(batches), "sequences": total,
         "tokens": sum(int(b.numel()) for b in batches),
         "validation_loss": ref,
-        "layers": [{"layer": i, **streams[i].figures(),
-                    "angular_distance": ang[i][0] / ang[i][1] if ang[i][1] else None,
-                    "grad_norm": sum(grads[i]) / len(grads[i])} for i in range(n)],
-        "final": final.figures(),
-        "weights": weights,
+        "layers": figures.layers(),
+        "final": figures.final.figures(),
+        "weights": _layered_weight_figures(model),
         "quantization": {"reference_loss": ref, "weight_bits": 4,
                          "w4_per_channel": {"loss": q, "delta": q - ref}},
     }
@@ -397,6 +439,35 @@ def export_folded(hf: nn.Module, sites: list[Site]) -> None:
 # ------------------------------------------------------------------------------- run
 
 
+def _eos_id(ds: Any, hf: nn.Module) -> int | None:
+    """The end-of-text id: the data's tokenizer's, else the GPT-2 config's (or None)."""
+    try:
+        from modbench.data import find_eos_id
+
+        return find_eos_id(ds.tokenizer())
+    except ModbenchError:
+        return getattr(hf.config, "eos_token_id", None)
+
+
+def _control(model: nn.Module, ft: FineTuneSettings, batch: Callable[[int], torch.Tensor],
+             val: Callable[[nn.Module], float], dev: torch.device,
+             progress: bool) -> FineTuneResult:
+    """The control: a copy of the model fine-tuned the same way with its norms kept."""
+    twin = copy.deepcopy(model)
+    return finetune(Task(twin, [], TokenContext(None), batch, val, dev), ft, [],
+                    progress=progress, desc="control (with norms)")
+
+
+def _write_folded(hf: nn.Module, sites: list[Site], folder: Path, tmp: Path) -> None:
+    """Fold the frozen norms (:func:`export_folded`) and save the model into ``tmp`` as a
+    plain GPT-2 folder, with the source folder's tokenizer files."""
+    export_folded(hf, sites)
+    hf.save_pretrained(str(tmp))
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, tmp / name)
+
+
 def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str | None,
                      seq_len: int | None, val_sequences: int | None, device: str,
                      diagnostics_batches: int, control: bool, progress: bool) -> Outcome:
@@ -424,12 +495,7 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
 
     diag = ([b.to(dev) for b in ds.val_batches(diagnostics_batches * bs, bs)]
             if diagnostics_batches > 0 else [])
-    try:
-        from modbench.data import find_eos_id
-
-        eot: int | None = find_eos_id(ds.tokenizer())
-    except ModbenchError:
-        eot = getattr(hf.config, "eos_token_id", None)
+    eot = _eos_id(ds, hf)
     with staged_output(out) as tmp:
         model.eval()
         before = finite_before(val(model))
@@ -438,10 +504,7 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
                         {"model": str(folder), **gpt2_diagnostics(model, diag)})
         control_res = None
         if control:
-            twin = copy.deepcopy(model)
-            control_res = finetune(Task(twin, [], TokenContext(None), batch, val, dev), ft, [],
-                                   progress=progress, desc="control (with norms)")
-            del twin
+            control_res = _control(model, ft, batch, val, dev, progress)
         tokens = TokenContext(eot)
         sites = convert_gpt2(hf, tokens)
         handle = track_tokens(model, tokens)
@@ -458,11 +521,7 @@ def remove_norm_gpt2(folder: Path, out: Path, ft: FineTuneSettings, *, data: str
         with torch.no_grad():
             fake_logits = model(probe)
         handle.remove()
-        export_folded(hf, sites)
-        hf.save_pretrained(str(tmp))
-        for name in TOKENIZER_FILES:
-            if (folder / name).is_file():
-                shutil.copyfile(folder / name, tmp / name)
+        _write_folded(hf, sites, folder, tmp)
         reloaded = LogitsOf(load_gpt2(tmp)).to(dev).eval()
         with torch.no_grad():
             diff = float((reloaded(probe) - fake_logits).abs().max())
