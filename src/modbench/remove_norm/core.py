@@ -495,6 +495,54 @@ def _aux_loss(norm: FakeNorm, x: torch.Tensor) -> torch.Tensor:
     return ((s - target) ** 2).mean()
 
 
+def _stage_boundaries(events: Sequence[Event], steps: int) -> dict[int, list[str]]:
+    """Step -> the stages whose validation comes before it: each stage of ``events`` is
+    evaluated when the first event of a later stage is due, the last one after ``steps``."""
+    boundaries: dict[int, list[str]] = {}
+    present = [s for s in STAGES if any(e.stage == s for e in events)]
+    for k, stage in enumerate(present):
+        nxt = next((e.step for e in events if e.stage in present[k + 1:]), steps)
+        boundaries.setdefault(nxt, []).append(stage)
+    return boundaries
+
+
+def _final_norm_input(task: Task, ft: FineTuneSettings) -> tuple[dict[str, torch.Tensor], Any]:
+    """With an auxiliary loss, the final norm's input as each forward pass leaves it (and the
+    hook's handle); refused for a model without a final norm. Else nothing is hooked."""
+    if ft.aux_weight > 0:
+        if task.final_norm is None:
+            raise ModbenchError("--aux-weight needs a final norm, and this model has none; "
+                                "drop --aux-weight")
+        return _aux_capture(task.final_norm)
+    return {}, None
+
+
+def _train_step(task: Task, ft: FineTuneSettings, opt: torch.optim.Optimizer,
+                recipe: RecipeConfig, step: int, held: dict[str, torch.Tensor]) -> float:
+    """One optimizer step at ``step`` (the recipe's learning rate for it, plus the auxiliary
+    loss when weighted); returns the language-model loss. Raises when a loss is not finite."""
+    model = task.model
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, recipe, ft.steps)
+    batch = task.train_batch(step).to(task.device)
+    loss = lm_loss(model(batch), batch)
+    total = loss
+    if ft.aux_weight > 0 and task.final_norm is not None:
+        total = loss + ft.aux_weight * _aux_loss(task.final_norm, held["x"])
+    value = float(loss.detach())
+    if not math.isfinite(value) or not math.isfinite(float(total.detach())):
+        live = [s.name for s in task.sites if s.norm.live[s.path]]
+        raise ModbenchError(
+            f"fine-tuning diverged at step {step} (loss {value}) with {len(live)} norm "
+            "paths still live; lower --lr or raise --steps")
+    opt.zero_grad(set_to_none=True)
+    total.backward()
+    if ft.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), ft.grad_clip)
+    opt.step()
+    return value
+
+
 def finetune(task: Task, ft: FineTuneSettings, events: Sequence[Event], *,
              progress: bool = True, desc: str = "remove-norm") -> FineTuneResult:
     """Fine-tune ``task.model`` for ``ft.steps`` steps, applying ``events`` at their steps and
@@ -505,31 +553,25 @@ def finetune(task: Task, ft: FineTuneSettings, events: Sequence[Event], *,
     recipe = ft.recipe()
     opt = torch.optim.AdamW(param_groups(model, ft.weight_decay), lr=ft.lr, betas=BETAS,
                             eps=1e-8)
-    boundaries: dict[int, list[str]] = {}  # step -> stages whose evaluation comes before it
-    present = [s for s in STAGES if any(e.stage == s for e in events)]
-    for k, stage in enumerate(present):
-        nxt = next((e.step for e in events if e.stage in present[k + 1:]), ft.steps)
-        boundaries.setdefault(nxt, []).append(stage)
+    boundaries = _stage_boundaries(events, ft.steps)
     by_step: dict[int, list[Event]] = {}
     for e in events:
         by_step.setdefault(e.step, []).append(e)
-    held, handle = ({}, None)
-    if ft.aux_weight > 0:
-        if task.final_norm is None:
-            raise ModbenchError("--aux-weight needs a final norm, and this model has none; "
-                                "drop --aux-weight")
-        held, handle = _aux_capture(task.final_norm)
+    held, handle = _final_norm_input(task, ft)
+    done: set[str] = set()
 
     def evaluate(stages: list[str], step: int) -> None:
+        """Record the validation loss before ``step`` as that of ``stages``; back to training."""
         loss = task.val_loss(model)
         for stage in stages:
             res.stages.append({"stage": stage, "step": step, "val_loss": loss})
+        done.update(stages)
+        model.train()
 
     model.train()
     if task.sites:  # seed every average from the model as it is
         with torch.no_grad():
             model(task.train_batch(0).to(task.device))
-    done: set[str] = set()
     bar = tqdm(range(ft.steps), desc=desc, unit="step", disable=not progress)
     try:
         for step in bar:
@@ -538,32 +580,11 @@ def finetune(task: Task, ft: FineTuneSettings, events: Sequence[Event], *,
                            and STAGES.index(s) < STAGES.index(e.stage)]
                 if waiting:
                     evaluate(waiting, step)
-                    done.update(waiting)
-                    model.train()
                 apply_event(e, task.sites)
             rest = [s for s in boundaries.get(step, []) if s not in done]
             if rest:
                 evaluate(rest, step)
-                done.update(rest)
-                model.train()
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, recipe, ft.steps)
-            batch = task.train_batch(step).to(task.device)
-            loss = lm_loss(model(batch), batch)
-            total = loss
-            if ft.aux_weight > 0 and task.final_norm is not None:
-                total = loss + ft.aux_weight * _aux_loss(task.final_norm, held["x"])
-            value = float(loss.detach())
-            if not math.isfinite(value) or not math.isfinite(float(total.detach())):
-                live = [s.name for s in task.sites if s.norm.live[s.path]]
-                raise ModbenchError(
-                    f"fine-tuning diverged at step {step} (loss {value}) with {len(live)} norm "
-                    "paths still live; lower --lr or raise --steps")
-            opt.zero_grad(set_to_none=True)
-            total.backward()
-            if ft.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), ft.grad_clip)
-            opt.step()
+            value = _train_step(task, ft, opt, recipe, step, held)
             res.curve.append({"step": step, "loss": value,
                               "live": sum(s.norm.live[s.path] for s in task.sites)})
             bar.set_postfix(loss=f"{value:.3f}",
