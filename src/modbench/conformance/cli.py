@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from modbench.conformance.kit import CheckResult
 
 # Only typer and the standard library at module level: `modbench --help` and argument errors
 # answer without importing torch; each command imports what it runs.
@@ -26,38 +29,63 @@ def _usage_error(e: Exception) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
+def _echo_results(results: list[CheckResult], method: str, preset: str, as_json: bool) -> bool:
+    """Print the kit's results (the table, or JSON); whether every check run passed."""
+    from modbench.conformance.kit import first_failure, format_table
+
+    failed = first_failure(results)
+    if as_json:
+        typer.echo(json.dumps({"method": method, "preset": preset,
+                               "results": [r.to_dict() for r in results],
+                               "failed": failed.name if failed else None}, indent=2))
+    else:
+        typer.echo(format_table(results, method))
+    return failed is None
+
+
+# The arguments and options of `methods check`.
+_MethodArg = Annotated[str, typer.Argument(
+    help="The method to check: a name or a method string, e.g. qknorm or "
+         "'layerscale(init=1e-4)' or post_ln+qknorm.")]
+_MethodsFromOpt = Annotated[list[str] | None, typer.Option(
+    "--methods-from", metavar="PLUGIN",
+    help="Load your own methods from this .py file, package folder or module first "
+         "(repeatable; also MODBENCH_METHODS_FROM; docs/methods.md).",
+    show_default=False)]
+_CheckOpt = Annotated[list[str] | None, typer.Option(
+    "--check", metavar="NAME",
+    help="Run only these checks (repeatable, or comma-separated; 'slow' is compile and "
+         "export). Default: all.")]
+_SkipOpt = Annotated[list[str] | None, typer.Option(
+    "--skip", metavar="NAME", help="Leave out these checks (repeatable, or "
+    "comma-separated; 'slow' is compile and export).")]
+_FastOpt = Annotated[bool, typer.Option(
+    "--fast", help="Leave out the slow checks (compile, export); the same as --skip "
+    "slow.")]
+_PresetOpt = Annotated[str, typer.Option(
+    "--preset", help="The model and run shape the checks build and train.")]
+_WithOpt = Annotated[str | None, typer.Option(
+    "--with", metavar="METHOD",
+    help="The method it is also checked composed with (default: the first of qknorm, "
+         "geglu, layerscale, softcap, ssmax that fills none of its slots; 'none': "
+         "alone only).")]
+_WorkdirOpt = Annotated[Path | None, typer.Option(
+    "--workdir", help="Keep the training runs and the export in this new or empty "
+    "folder (default: a temporary folder, removed).")]
+_JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print JSON: the method, the preset and every check's result.")]
+
+
 def check_command(
-    name: Annotated[str, typer.Argument(
-        help="The method to check: a name or a method string, e.g. qknorm or "
-             "'layerscale(init=1e-4)' or post_ln+qknorm.")],
-    methods_from: Annotated[list[str] | None, typer.Option(
-        "--methods-from", metavar="PLUGIN",
-        help="Load your own methods from this .py file, package folder or module first "
-             "(repeatable; also MODBENCH_METHODS_FROM; docs/methods.md).",
-        show_default=False)] = None,
-    check: Annotated[list[str] | None, typer.Option(
-        "--check", metavar="NAME",
-        help="Run only these checks (repeatable, or comma-separated; 'slow' is compile and "
-             "export). Default: all.")] = None,
-    skip: Annotated[list[str] | None, typer.Option(
-        "--skip", metavar="NAME", help="Leave out these checks (repeatable, or "
-        "comma-separated; 'slow' is compile and export).")] = None,
-    fast: Annotated[bool, typer.Option(
-        "--fast", help="Leave out the slow checks (compile, export); the same as --skip "
-        "slow.")] = False,
-    preset: Annotated[str, typer.Option(
-        "--preset", help="The model and run shape the checks build and train.")] = "tiny",
-    neighbour: Annotated[str | None, typer.Option(
-        "--with", metavar="METHOD",
-        help="The method it is also checked composed with (default: the first of qknorm, "
-             "geglu, layerscale, softcap, ssmax that fills none of its slots; 'none': "
-             "alone only).")] = None,
-    workdir: Annotated[Path | None, typer.Option(
-        "--workdir", help="Keep the training runs and the export in this new or empty "
-        "folder (default: a temporary folder, removed).")] = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print JSON: the method, the preset and every check's result.")
-    ] = False,
+    name: _MethodArg,
+    methods_from: _MethodsFromOpt = None,
+    check: _CheckOpt = None,
+    skip: _SkipOpt = None,
+    fast: _FastOpt = False,
+    preset: _PresetOpt = "tiny",
+    neighbour: _WithOpt = None,
+    workdir: _WorkdirOpt = None,
+    as_json: _JsonOpt = False,
 ) -> None:
     """Check a method with the conformance kit: one table, one row per check.
 
@@ -84,12 +112,7 @@ def check_command(
             from modbench.methods.plugins import load_plugins
 
             load_plugins(list(methods_from))
-        from modbench.conformance.kit import (
-            NO_NEIGHBOUR,
-            check_method,
-            first_failure,
-            format_table,
-        )
+        from modbench.conformance.kit import NO_NEIGHBOUR, check_method
         from modbench.methods.base import MethodSpec
 
         method = MethodSpec.parse(name).canonical
@@ -100,14 +123,7 @@ def check_command(
                                neighbour=chosen, workdir=workdir)
     except ModbenchError as e:
         raise _usage_error(e) from None
-    failed = first_failure(results)
-    if as_json:
-        typer.echo(json.dumps({"method": method, "preset": preset,
-                               "results": [r.to_dict() for r in results],
-                               "failed": failed.name if failed else None}, indent=2))
-    else:
-        typer.echo(format_table(results, method))
-    if failed is not None:
+    if not _echo_results(results, method, preset, as_json):
         raise typer.Exit(EXIT_FAILED)
 
 
