@@ -12,7 +12,8 @@ study was made). For each, without training anything, this test recomputes:
   goldens were written before there was one, and it is the file's last key;
 * ``sequential.json`` (a study run with ``--until-decided``): every look replayed on the
   seeds it saw, given the looks before it;
-* ``tuned/verdicts.json`` (a study with a ``tuning`` block): the tuned comparisons;
+* ``tuned/verdicts.json`` (a study with a ``tuning`` block): the tuned comparisons (its
+  ``"rule"`` record checked on its own, as ``results.json``'s);
 * ``claim.json``: the claim check.
 
 No field is dropped for time or paths: none of these files records either.
@@ -107,7 +108,7 @@ def check_study(golden: Path, work: Path) -> list[str]:
     """Recompute the golden study ``golden`` (copied into ``work`` first: opening its index
     may write beside it) and compare each kept file; returns what was compared."""
     from modbench.study.results import load_results, load_rows, load_spec_of
-    from modbench.study.tuning import tuned_runs, tuned_verdicts
+    from modbench.study.stages.tuning import tuned_runs, tuned_verdicts
 
     folder = work / golden.name
     shutil.copytree(golden, folder)
@@ -133,6 +134,8 @@ def check_study(golden: Path, work: Path) -> list[str]:
         assert spec is not None
         best = json.loads((folder / "tuning" / "best.json").read_text(encoding="utf-8"))
         tuned = tuned_verdicts(spec, load_rows(folder / "tuned"), tuned_runs(spec, best))
+        assert list(tuned)[-1] == "rule"  # as results.json's, newer than the golden file
+        check_rule(tuned.pop("rule"), tuned["comparisons"], {})
         same(dump(tuned), (golden / "tuned" / "verdicts.json").read_text(encoding="utf-8"),
              f"{golden.name}/tuned/verdicts.json")
         checked.append("tuned/verdicts.json")

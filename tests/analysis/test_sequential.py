@@ -207,9 +207,9 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert res["post_ln"].verdict == res["softcap"].verdict == "within_noise"
     assert res["post_ln"].n == 6 and res["baseline"].n == 6  # the cap
     assert res["post_ln"].ci_level == pytest.approx(1 - looks[-1].alpha)
-    from modbench.report.build import write_report
+    from modbench.study.reporting import write_study_report
 
-    md = (write_report(load_results(out), out / "report") / "report.md").read_text()
+    md = (write_study_report(out) / "report.md").read_text()
     assert "## Sequential seeds" in md and f"tiny: {len(looks)} looks (--until-decided 6" in md
     # run again: nothing new to look at, no new look, no new runs
     c2 = runner.run_study(spec, out, until_decided=6, progress=False)
@@ -221,8 +221,8 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_gap_left_by_an_unfinished_run_is_filled_first(tmp_path: Path) -> None:
     """The seeds a look asks for are the method's next numbers, an earlier wave's unfinished
     seed first (here qknorm's 3, while 4 finished)."""
-    from modbench.study.runner import _undecided_runs
     from modbench.study.spec import load_spec
+    from modbench.study.stages.sequential import undecided_runs
     from modbench.study.store import Store
 
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
@@ -239,5 +239,5 @@ def test_a_gap_left_by_an_unfinished_run_is_filled_first(tmp_path: Path) -> None
         store.finish(key, {"status": "completed", "stalled_at_step": None,
                            "final_val_loss": loss_of("baseline", seed)}, None)
     store.register("qknorm-3", "tiny", "qknorm", 3)  # its wave was cut: never finished
-    new = _undecided_runs(spec, tmp_path, cap=6)
+    new = undecided_runs(spec, tmp_path, cap=6)
     assert [(r.method, r.seed) for r in new] == [("qknorm", 3)]

@@ -184,7 +184,8 @@ def test_card_states_the_run(trained: Path, tmp_path: Path) -> None:
 def test_card_states_the_study_verdict(tmp_path: Path) -> None:
     """A run in a study folder: the card gives the verdict the study's own results give its
     method, and whether the study's claim predicted it."""
-    from modbench.study.results import load_results, write_study_report
+    from modbench.study.reporting import write_study_report
+    from modbench.study.results import load_results
     from tests.study.test_study import fake_study
 
     (tmp_path / "study").mkdir()

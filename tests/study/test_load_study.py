@@ -25,7 +25,8 @@ from modbench.api import CURVE_COLUMNS, RUN_CURVE_COLUMNS, TABLE2_COLUMNS, run_c
 from modbench.errors import ModbenchError
 from modbench.report.blocks import fmt
 from modbench.report.columns import TRAINED_COLUMNS, VERDICT_COLUMNS, record_fields
-from modbench.study.results import load_results, write_study_report
+from modbench.study.reporting import write_study_report
+from modbench.study.results import load_results
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
 

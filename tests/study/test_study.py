@@ -264,8 +264,8 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
     import modbench.analysis.results as ar
     from modbench.analysis.stats import compare, sequential_look
     from modbench.study.results import load_results
-    from modbench.study.runner import _undecided_runs
     from modbench.study.spec import run_spec
+    from modbench.study.stages.sequential import undecided_runs
 
     folder = fake_study(tmp_path)
     spec = load_spec(folder / "spec.yaml")
@@ -283,7 +283,7 @@ def test_runner_and_report_share_one_table(tmp_path: Path,
     results = load_results(folder)
     report_tables = dict(built)
     built.clear()
-    new = _undecided_runs(spec, folder, cap=3)
+    new = undecided_runs(spec, folder, cap=3)
     runner_tables = dict(built)
 
     assert report_tables["tiny"] == runner_tables["tiny"] == FAKE_TABLE

@@ -23,7 +23,7 @@ from modbench.report.diagnostics import (
     training_profiles,
 )
 from modbench.study.jobs import _diagnose, _Member
-from modbench.study.results import write_study_report
+from modbench.study.reporting import write_study_report
 from modbench.study.runner import run_study
 from modbench.study.spec import DiagnosticsSpec, expand, load_spec
 from modbench.study.store import Store

@@ -16,10 +16,11 @@ from modbench.analysis.results import RunRow
 from modbench.cli import run_cli
 from modbench.errors import ModbenchError
 from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
-from modbench.study.results import load_results, load_rows, write_study_report
+from modbench.study.reporting import write_study_report
+from modbench.study.results import load_results, load_rows
 from modbench.study.runner import run_study
 from modbench.study.spec import load_spec
-from modbench.study.tuning import choose_best, tuned_runs, tuned_verdicts, tuning_runs
+from modbench.study.stages.tuning import choose_best, tuned_runs, tuned_verdicts, tuning_runs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -31,7 +31,7 @@ import io
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ from modbench.report.diagnostics import study_diagnostics
 from modbench.report.plots import curves_plot, heatmap, scatter_plot
 from modbench.runtime.runfolder import CURVES, curves, is_storage_error, write_failure
 
+#: a section a study's stage adds to the report: (results, report folder) -> its blocks
+Section = Callable[[StudyResults, Path], list[Block]]
+
 #: Fewer finite seeds than this for any configuration at a scale: the report warns (the seed
 #: protocol's noise floor runs three seeds per reference configuration, arXiv 2605.20798 §3.3).
 MIN_SEEDS = 3
@@ -75,18 +78,21 @@ MIN_TOKENS_PER_PARAM = 10.0
 
 def write_report(results: StudyResults, out: Path, *,
                  columns: Sequence[Column] = VERDICT_COLUMNS,
-                 trained_columns: Sequence[Column] = TRAINED_COLUMNS) -> Path:
+                 trained_columns: Sequence[Column] = TRAINED_COLUMNS,
+                 sections: Sequence[Section] = ()) -> Path:
     """Write the report files of ``results`` into the folder ``out``; returns ``out``.
 
     ``columns`` and ``trained_columns`` are Table 2's two tables per scale, the verdicts and
     what each method trained (:mod:`modbench.report.columns`; pass a longer list to show
-    another statistic).
+    another statistic). ``sections``: the sections the study's stages add, each called with
+    ``results`` and ``out`` (:meth:`modbench.study.stages.Stage.report`, given by
+    :func:`modbench.study.reporting.write_study_report`).
 
     Each file is replaced whole or not at all, so a write the storage refuses (a full disk)
     leaves the files already there as they were and raises one line
     (:func:`modbench.runtime.runfolder.write_failure`), not a traceback."""
     try:
-        return _write_report(results, Path(out), columns, trained_columns)
+        return _write_report(results, Path(out), columns, trained_columns, sections)
     except OSError as e:
         if not is_storage_error(e):
             raise
@@ -97,7 +103,7 @@ def write_report(results: StudyResults, out: Path, *,
 
 
 def _write_report(results: StudyResults, out: Path, columns: Sequence[Column],
-                  trained_columns: Sequence[Column]) -> Path:
+                  trained_columns: Sequence[Column], sections: Sequence[Section] = ()) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, metric, baseline = results.rows, results.metric, results.baseline
     blocks: list[Block] = [Block("h1", f"Study report: {results.name}")]
@@ -140,9 +146,8 @@ def _write_report(results: StudyResults, out: Path, columns: Sequence[Column],
     from modbench.report.scaling import scaling_section
 
     blocks += scaling_section(results, out)  # fits along a ladder (3+ scales), scaling.json
-    from modbench.report.tuning import tuning_section
-
-    blocks += tuning_section(results, out)  # frozen versus tuned verdicts (spec tuning block)
+    for section in sections:  # the study's stages' own (sequential looks, frozen vs tuned)
+        blocks += section(results, out)
     blocks += study_diagnostics(rows, baseline, out)  # diagnostics.json, train.log_layers
     _write_csv(rows, out / "results.csv")
     # each file atomically: a report cut mid-write (a killed study) leaves whole files

@@ -96,7 +96,10 @@ def trajectory_plot(points: list[StepVerdict], title: str, path: Path) -> Path:
     return path
 
 
-def _sequential(results: StudyResults) -> list[Block]:
+def sequential_section(results: StudyResults) -> list[Block]:
+    """The "Sequential seeds" section of a study run with ``--until-decided`` (its looks, read
+    from the study folder; none: nothing), the sequential stage's part of the report
+    (:mod:`modbench.study.stages.sequential`)."""
     looks = read_looks(results.folder)
     lines = []
     for scale, ls in looks.items():
@@ -122,7 +125,6 @@ def trajectory_section(results: StudyResults, out: Path, blocks: list[Block]
                        ) -> dict[str, list[StepVerdict]]:
     """Append the section to ``blocks`` (figures into ``out``) and return the trajectories
     (for results.json, :func:`with_trajectories`)."""
-    blocks += _sequential(results)
     traj = trajectories(results)
     if not any(traj.values()):
         return traj

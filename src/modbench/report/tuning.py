@@ -1,5 +1,5 @@
 """The report's "Frozen versus tuned" section, for a study whose spec has a ``tuning`` block
-(:mod:`modbench.study.tuning`; docs/studies.md, "Tuned versus frozen"; docs/statistics.md):
+(:mod:`modbench.study.stages.tuning`; docs/studies.md, "Tuned versus frozen"; docs/statistics.md):
 per scale and method, the tuning runs' score at each grid value, the best value, the frozen
 verdict (the study's own, at the spec's value) beside the tuned verdict (every method and the
 baseline at their own best values, on the same verdict seeds), with Δ and interval, and one

@@ -12,6 +12,7 @@ from modbench.methods.options import MethodsFrom, use_plugins
 if TYPE_CHECKING:
     from modbench.analysis.power import SeedPlan
     from modbench.study.plan import Throughput
+    from modbench.study.spec import StudySpec
 
 study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.\n\n"
                         "Example: modbench study run builtin-cpu --out studies/builtin-cpu",
@@ -162,7 +163,8 @@ def run(
         from modbench.study.plan import format_plan, plan_study, throughput
 
         plan = plan_study(s, folder, executor, workers=workers, ensembles=ensembles,
-                          options=options, rate=throughput(gpu_type, gpu_tflops, mfu))
+                          options=options, rate=throughput(gpu_type, gpu_tflops, mfu),
+                          until_decided=until_decided, spending=spending)
         typer.echo(format_plan(plan))
         return
     if gpu_type is not None or gpu_tflops is not None or mfu is not None:
@@ -180,7 +182,7 @@ def run(
     for f in c["failures"]:
         typer.echo(f"  failed: {f}", err=True)
     if report:
-        from modbench.study.results import write_study_report
+        from modbench.study.reporting import write_study_report
 
         out = write_study_report(folder)
         typer.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
@@ -207,28 +209,34 @@ def status(folder: Annotated[Path, typer.Argument(help="A study folder.")],
 
     Example: modbench study status studies/builtin-cpu
     """
-    from modbench.report.tuning import TUNED_DIR, TUNING_DIR
+    from modbench.study.stages import stages_for
 
     use_plugins(methods_from)
-    _status_rows(folder)
-    key = _tuning_key(folder)
-    for stage in (TUNING_DIR, TUNED_DIR):
-        if (folder / stage / "index.sqlite").is_file():
-            typer.echo("")
-            _status_rows(folder / stage, key)
+    spec = _recorded_spec(folder)
+    listed = 0
+    for stage in stages_for(spec, folder):
+        for part in stage.status():
+            if part.folder is not None:
+                if listed:
+                    typer.echo("")
+                _status_rows(part.folder, part.key)
+                listed += 1
+            for line in part.lines:
+                typer.echo(line)
 
 
-def _tuning_key(folder: Path) -> str | None:
-    """The tuned config key of the study in ``folder`` (its ``spec.yaml``'s tuning block), or
-    None when it has none or cannot be read."""
-    import yaml
+def _recorded_spec(folder: Path) -> StudySpec:
+    """The spec the study in ``folder`` was run with, which says its stages (a folder that is
+    no study: the one-line error; a spec that no longer reads: the study's own stage only)."""
+    from modbench.errors import ModbenchError
+    from modbench.study.results import check_study_folder, load_spec_of
+    from modbench.study.spec import StudySpec
 
+    check_study_folder(folder)
     try:
-        tree = yaml.safe_load((folder / "spec.yaml").read_text())
-        key = tree.get("tuning", {}).get("key")
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
-    return key if isinstance(key, str) else None
+        return load_spec_of(folder) or StudySpec()
+    except ModbenchError:
+        return StudySpec()
 
 
 def _run_value(run: Path, key: str) -> Any:
@@ -316,7 +324,7 @@ def report(
 
     Example: modbench study report studies/ladder-cpu --predict climb-1.2b
     """
-    from modbench.study.results import write_study_report
+    from modbench.study.reporting import write_study_report
 
     use_plugins(methods_from)
     if predict is None and (gpu_type is not None or mfu is not None):
@@ -414,7 +422,7 @@ def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-i
     scales = sorted({r.scale for r in runs})
     tuning = ""
     if s.tuning is not None:  # stage 1 resolves every value now; stage 2 trains len(runs) more
-        from modbench.study.tuning import tuning_runs
+        from modbench.study.stages.tuning import tuning_runs
 
         tuning = (f"; tuning {s.tuning.key}: {len(tuning_runs(s))} tuning runs, then "
                   f"{len(runs)} tuned runs")

@@ -21,80 +21,25 @@ writes, and the steps a requeued job repeats since its last checkpoint.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modbench.config import RunConfig
-from modbench.errors import ModbenchError, suggest
-from modbench.measure.flops import flop_report
 from modbench.study import executors
+from modbench.study.costs import (  # noqa: F401  (re-exported: the dry run's names)
+    DEFAULT_GPU,
+    DEFAULT_MFU,
+    StagePlan,
+    Throughput,
+    done_keys,
+    run_flops,
+    throughput,
+    validations,
+)
 from modbench.study.executors import nproc_for
-from modbench.study.spec import StudySpec, expand
-
-#: Model FLOPs utilisation assumed when ``--mfu`` is left out: what a dense decoder of about
-#: 1B parameters sustains in bf16 on an H100-class GPU with a well-tuned trainer is about
-#: 0.3-0.45; the estimate takes the low end. modbench's own eager step at 60M parameters
-#: measured 0.056 (BENCHMARKS.md): small models sit far below, so measure yours.
-DEFAULT_MFU = 0.30
-DEFAULT_GPU = "H100"
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Sustained training FLOP/s of one GPU: its dense bf16 peak times the MFU."""
-
-    gpu: str
-    peak_tflops: float
-    mfu: float
-    mfu_assumed: bool = True
-
-    @property
-    def flops_per_s(self) -> float:
-        return self.peak_tflops * 1e12 * self.mfu
-
-
-def throughput(gpu_type: str | None = None, gpu_tflops: float | None = None,
-               mfu: float | None = None) -> Throughput:
-    """``--gpu-type`` (a name of :data:`PEAK_BF16_TFLOPS`), or ``--gpu-tflops`` (the dense
-    bf16 peak in TFLOP/s), and ``--mfu``."""
-    from modbench.measure.bench import PEAK_BF16_TFLOPS
-
-    if mfu is not None and not 0 < mfu <= 1:
-        raise ModbenchError(f"--mfu must be a fraction in (0, 1], got {mfu}")
-    if gpu_tflops is not None:
-        if gpu_tflops <= 0:
-            raise ModbenchError(f"--gpu-tflops must be positive, got {gpu_tflops}")
-        name = gpu_type or "GPU"
-        peak = gpu_tflops
-    else:
-        name = gpu_type or DEFAULT_GPU
-        known = {k.lower(): k for k in PEAK_BF16_TFLOPS}
-        if name.lower() not in known:
-            raise ModbenchError(f"unknown --gpu-type '{name}'{suggest(name, PEAK_BF16_TFLOPS)}; "
-                                f"use one of {', '.join(PEAK_BF16_TFLOPS)} or give its dense "
-                                "bf16 peak with --gpu-tflops")
-        name = known[name.lower()]
-        peak = PEAK_BF16_TFLOPS[name]
-    return Throughput(name, float(peak), DEFAULT_MFU if mfu is None else mfu, mfu is None)
-
-
-def validations(cfg: RunConfig) -> int:
-    """Validation passes of a full run: before training, every ``eval_every`` steps before
-    the last, and at the end."""
-    tc = cfg.train
-    return 2 + ((tc.steps - 1) // tc.eval_every if tc.eval_every else 0)
-
-
-def run_flops(cfg: RunConfig) -> float:
-    """FLOPs of one run trained to its last step: training plus its validation passes."""
-    r = flop_report(cfg.model, cfg.train.seq_len)
-    tc = cfg.train
-    train = r.train_flops_per_token * tc.steps * tc.batch_size * tc.seq_len
-    val = r.forward_flops_per_token * tc.eval_sequences * tc.seq_len * validations(cfg)
-    return float(train + val)
+from modbench.study.spec import StudySpec
+from modbench.study.stages import RunSettings, stages_for
 
 
 @dataclass
@@ -117,24 +62,6 @@ class JobPlan:
 
 
 @dataclass
-class StagePlan:
-    """A tuned study's later stage (``tuning:``; :mod:`modbench.study.tuning`): its folder, its
-    runs, those done, the FLOPs of the rest and what the stage is. ``known``: whether its runs
-    are fixed already (the tuning stage's always; the tuned stage's once the tuning stage has
-    chosen every value, else its FLOPs are those at the grid's costliest value)."""
-
-    name: str
-    folder: Path
-    runs: int
-    done: int
-    flops: float
-    what: str
-    known: bool = True
-    gpu_hours: float | None = None
-    upper_bound: bool = False  # flops (and GPU-hours) are an upper bound, not the estimate
-
-
-@dataclass
 class StudyPlan:
     spec: str
     folder: Path
@@ -147,7 +74,7 @@ class StudyPlan:
     settings: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     time_limited: bool = False  # its jobs requeue at a time limit: a time-outs column
-    stages: list[StagePlan] = field(default_factory=list)  # a tuned study's stages 1 and 2
+    stages: list[StagePlan] = field(default_factory=list)  # the later stages' rows
 
     @property
     def flops(self) -> float:
@@ -162,19 +89,24 @@ class StudyPlan:
 def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                workers: int | None = None, ensembles: str = "auto",
                options: Mapping[str, Any] | None = None,
-               rate: Throughput | None = None) -> StudyPlan:
+               rate: Throughput | None = None, until_decided: int | None = None,
+               spending: str = "obrien_fleming") -> StudyPlan:
     """The jobs ``modbench study run`` would start for ``spec`` into ``out`` (runs the study
     folder already has done are left out), with their resources and estimated GPU-hours; the
     executor's kind (:mod:`modbench.study.executors`) reads and checks its options and gives
-    its GPUs, CPUs, time-outs, settings rows and warnings. Reads the folder's index if there is
-    one; writes nothing."""
+    its GPUs, CPUs, time-outs, settings rows and warnings. The study's own stage's jobs are
+    listed in full; each later stage (:mod:`modbench.study.stages`: the sequential looks of
+    ``until_decided``, a tuned study's stages) gives its row (:meth:`Stage.plan
+    <modbench.study.stages.Stage.plan>`). Reads the folder's index if there is one; writes
+    nothing."""
     from modbench.study.runner import _jobs, use_ensembles
 
     kind = executors.get(executor)
     opts = kind.options(options, workers)
     rate = rate or throughput()
-    runs = expand(spec)
-    done = _done_keys(Path(out))
+    own, *later = stages_for(spec, out, RunSettings(until_decided, spending))
+    runs = own.runs() or []
+    done = done_keys(Path(out))
     todo = [r for r in runs if r.key not in done]
     gpus = kind.plan_gpus(opts)
     cpus = kind.plan_cpus(opts, gpus)
@@ -196,86 +128,8 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                      time_limited=kind.time_limited)
     plan.settings = kind.settings(opts, Path(out), gpus, cpus, nproc, len(jobs))
     plan.warnings = kind.warnings(opts, [j.timeouts for j in jobs], gpus)
-    plan.stages = plan_stages(spec, Path(out), rate if gpus else None)
+    plan.stages = [p for st in later if (p := st.plan(rate if gpus else None)) is not None]
     return plan
-
-
-def plan_stages(spec: StudySpec, out: Path, rate: Throughput | None) -> list[StagePlan]:
-    """A tuned study's stages after the frozen one (none without a ``tuning`` block): the
-    tuning stage's runs, and the tuned stage's, which are known only once the tuning stage's
-    ``best.json`` is written (before that, one run per verdict run, costed at the grid value
-    whose run costs most: an upper bound where the key changes the FLOPs, such as
-    ``train.steps``; exact for ``recipe.lr``). ``rate``: GPU throughput, None on the CPU."""
-    import json
-
-    from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR
-    from modbench.study.spec import RunSpec, run_spec, tuning_grid
-    from modbench.study.tuning import tuned_runs, tuning_runs, with_value
-
-    t = spec.tuning
-    if t is None:
-        return []
-
-    def hours(flops: float) -> float | None:
-        return flops / rate.flops_per_s / 3600 if rate is not None else None
-
-    def left(runs: list[RunSpec], folder: Path) -> tuple[list[RunSpec], float]:
-        """The runs ``folder``'s index has not done, and their FLOPs."""
-        done = _done_keys(folder)
-        todo = [r for r in runs if r.key not in done]
-        return todo, sum(run_flops(r.config) for r in todo)
-
-    first = [r for _, r in tuning_runs(spec)]
-    todo, flops = left(first, out / TUNING_DIR)
-    grid = tuning_grid(t.key, t.grid)
-    seeds = ", ".join(str(x) for x in t.seeds)
-    stages = [StagePlan("tuning", out / TUNING_DIR, len(first), len(first) - len(todo), flops,
-                        f"every method and the baseline at each of the {len(grid)} values of "
-                        f"{t.key}, on tuning seed(s) {seeds}", gpu_hours=hours(flops))]
-    best_file = out / TUNING_DIR / BEST_FILE
-    best = None
-    if not todo and best_file.is_file():
-        try:
-            best = json.loads(best_file.read_text())
-            second = tuned_runs(spec, best)
-        except (ValueError, KeyError, TypeError):  # a damaged best.json: as if not chosen
-            best = None
-    if best is not None:
-        todo, flops = left(second, out / TUNED_DIR)
-        stages.append(StagePlan("tuned", out / TUNED_DIR, len(second), len(second) - len(todo),
-                                flops, f"every method at its best {t.key} (best.json), on "
-                                "the verdict seeds", gpu_hours=hours(flops)))
-        return stages
-    second = expand(spec)
-    variants = [with_value(spec, v) for v in grid]
-    costs = [[run_flops(run_spec(v, r.scale, r.method, r.seed).config) for v in variants]
-             for r in second]
-    flops = sum(max(c) for c in costs)
-    stages.append(StagePlan("tuned", out / TUNED_DIR, len(second), 0, flops,
-                            f"every method at its best {t.key}, chosen by the tuning stage, on "
-                            "the verdict seeds", known=False, gpu_hours=hours(flops),
-                            upper_bound=any(min(c) != max(c) for c in costs)))
-    return stages
-
-
-def _done_keys(folder: Path) -> set[str]:
-    """Keys of the runs the folder's index has done, read without writing anything (no index,
-    or one that cannot be read: none)."""
-    index = folder / "index.sqlite"
-    if not index.is_file():
-        return set()
-    # a closed index (no write-ahead log beside it) is read as immutable: SQLite then creates
-    # no -wal/-shm files; an index in use is read through the log its writers keep
-    live = index.with_name(index.name + "-wal").exists()
-    try:
-        db = sqlite3.connect(f"{index.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}",
-                             uri=True)
-        try:
-            return {r[0] for r in db.execute("SELECT key FROM runs WHERE state='done'")}
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return set()
 
 
 def _count(x: float) -> str:

@@ -1,10 +1,9 @@
 """A study folder's results: its spec, its runs and their statistics
-(:class:`modbench.analysis.results.StudyResults`), and the report built from them."""
+(:class:`modbench.analysis.results.StudyResults`). The report built from them is
+:mod:`modbench.study.reporting`'s."""
 
 from __future__ import annotations
 
-import csv
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -126,49 +125,3 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
         metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,
         claim=claim, data_order=spec.data.order, code_changed=left_out)
-
-
-def write_study_report(folder: str | Path, metric: str | None = None) -> Path:
-    """Write ``DIR/report/`` (``modbench.report.build.write_report``); returns that folder.
-
-    One report writer at a time (:class:`modbench.runtime.lock.FolderLock` next to
-    ``report/``; a second waits for the first, up to :data:`REPORT_WAIT_S`), and a report
-    with fewer finished runs than the one already there is refused, not written: the index
-    lost runs the run folders still hold (``modbench study status`` rebuilds a damaged one)."""
-    from modbench.report.build import write_report
-    from modbench.runtime.lock import FolderLock
-
-    out = Path(folder) / "report"
-    lock = FolderLock(out, "modbench study report", beside=True)
-    deadline = time.monotonic() + REPORT_WAIT_S
-    while True:
-        try:
-            lock.acquire()
-            break
-        except ModbenchError:
-            if time.monotonic() > deadline or not lock.path.exists():
-                raise
-            time.sleep(0.5)
-    try:
-        results = load_results(folder, metric)
-        had = done_runs_in_report(out)
-        now = sum(r.state == "done" for r in results.rows)
-        if had > now:
-            raise ModbenchError(f"{out} reports {had} finished runs but the study's index now "
-                                f"has {now}; the report was kept; check the index with "
-                                f"`modbench study status {folder}`")
-        return write_report(results, out)
-    finally:
-        lock.release()
-
-
-REPORT_WAIT_S = 120.0
-
-
-def done_runs_in_report(out: Path) -> int:
-    """Finished runs listed in an existing ``report/results.csv`` (0: none, or unreadable)."""
-    try:
-        with open(out / "results.csv", newline="", encoding="utf-8") as f:
-            return sum(row.get("state") == "done" for row in csv.DictReader(f))
-    except (OSError, ValueError, csv.Error):
-        return 0

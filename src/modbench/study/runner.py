@@ -33,7 +33,8 @@ from modbench.study.executors import nproc_for
 from modbench.study.executors.local import WORKER_DEATHS, LocalExecutor, _requeue, auto_workers  # noqa: F401
 from modbench.study.jobs import Executor, Job, JobResult, execute_job, lost_job_results  # noqa: F401
 from modbench.study.progress import StudyProgress, views_for
-from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
+from modbench.study.spec import RunSpec, StudySpec
+from modbench.study.stages import RunSettings, stages_for
 from modbench.study.store import Store
 
 #: The study's inductor cache (TORCHINDUCTOR_CACHE_DIR), under its folder (docs/runs.md)
@@ -135,25 +136,20 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               options: Mapping[str, Any] | None = None,
               spending: str = "obrien_fleming",
               runs: list[RunSpec] | None = None) -> dict[str, Any]:
-    """Run every missing run of ``spec`` into the study folder ``out``.
+    """Run every missing run of ``spec`` into the study folder ``out``, stage by stage
+    (:mod:`modbench.study.stages`): the study's own runs; with ``until_decided=N`` the seeds a
+    group-sequential design adds, up to N per group (Lan–DeMets ``spending``:
+    ``obrien_fleming`` or ``pocock``; :mod:`modbench.study.stages.sequential`); with a
+    ``tuning`` block its tuning and tuned stages in ``out/tuning`` and ``out/tuned``
+    (:mod:`modbench.study.stages.tuning`). Every stage's runs are added to the counts.
 
     ``executor``: a registered executor's name (:func:`modbench.study.executors.names`:
     ``local``, ``ray``, ``slurm``), with the options given to it in ``options``
-    (:class:`modbench.study.executors.ExecutorOptions`, or its kind's options dataclass).
-    ``workers``: parallel worker processes of the local executor (None: :func:`auto_workers`).
-    ``ensembles``: whether a method's seeds at a scale train stacked in one process
-    (:func:`use_ensembles`; methods that cannot stack train seed by seed).
-
-    ``until_decided=N``: afterwards, add seeds as a group-sequential design, up to N seeds per
-    group: at each look the verdict's own test at the alpha that look spends (Lan–DeMets
-    ``spending``: ``obrien_fleming`` or ``pocock``), the baseline's seeds first, one more
-    seed for each method not yet decided (:func:`modbench.analysis.stats.sequential_look`);
-    the looks are kept in the study folder (``analysis.results.LOOKS_FILE``) and the report
-    judges the study by them.
-
-    A spec with a ``tuning`` block then runs its tuning and tuned stages into ``out/tuning``
-    and ``out/tuned`` (:func:`modbench.study.tuning.run_tuning`), their runs added to the
-    counts. ``runs``: these runs instead of the spec's own (what those stages pass).
+    (:class:`modbench.study.executors.ExecutorOptions`, or its kind's options dataclass); one
+    executor runs every stage. ``workers``: parallel worker processes of the local executor
+    (None: :func:`auto_workers`). ``ensembles``: whether a method's seeds at a scale train
+    stacked in one process (:func:`use_ensembles`; methods that cannot stack train seed by
+    seed). ``runs``: these runs instead of the spec's own.
     """
     check_until_decided(until_decided)
     check_spending(spending)
@@ -162,65 +158,74 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         from modbench.methods.plugins import load_plugins
 
         spec.methods_from = [p.ref for p in load_plugins(spec.methods_from)]
-    runs = expand(spec) if runs is None else runs
-    check_study_run(spec, runs, until_decided)
-    if spec.tuning is not None:  # every grid value's runs resolve, before anything is written
-        from modbench.study.tuning import tuning_runs
-
-        tuning_runs(spec)
+    stages = stages_for(spec, out, RunSettings(until_decided, spending, runs))
+    check_study_run(spec, stages[0].runs() or [], until_decided)
+    for stage in stages:
+        stage.check()
     if ensembles not in ENSEMBLES:
         use_ensembles(ensembles)  # the one-line error, before anything is written
-    fresh = not Path(out).exists()  # a study refused before any run started leaves nothing
     restore_env = share_compile_cache(out)  # before any worker starts
     try:
         ex = make_executor(executor, workers, options, verbose=progress)  # checks the options
     except BaseException:
         restore_env()
         raise
+    session = StudySession(ex, use_ensembles(ensembles, kind.ensemble_gpus(ex.gpus_per_job)),
+                           kind.stack_memory, progress)
     try:
-        store = Store(out)
-        atomic_write_text(Path(out) / "spec.yaml",
-                          yaml.safe_dump(spec.to_dict(), sort_keys=False))
-        store.release_dead()
-        counts: dict[str, Any] = {"total": 0, "already_done": 0, "trained": 0, "skipped": 0,
-                                  "failed": 0, "busy": 0, "diverged": 0, "stalled": 0,
-                                  "added_seeds": 0}
-        failures: list[str] = []
-        gpus = ex.gpus_per_job
-        nproc = nproc_for(gpus)
-        stack = use_ensembles(ensembles, kind.ensemble_gpus(gpus))
-        memory = kind.stack_memory(gpus) if stack else None
-        asked: set[str] = set()
-        while runs:
-            _execute(store, runs, spec, out, ex, counts, failures, progress, stack, nproc,
-                     memory)
-            if until_decided is None:
-                break
-            runs = _undecided_runs(spec, out, until_decided, spending)
-            if {r.key for r in runs} <= asked:  # the same runs again: they failed, stop
-                break
-            asked = {r.key for r in runs}
-            counts["added_seeds"] += len(runs)
+        for stage in stages:
+            stage.run(session)
     except ModbenchError:
-        if fresh and not any((Path(out) / "runs").glob("*")):
-            shutil.rmtree(out, ignore_errors=True)
+        session.remove_fresh()  # a study refused before any run started leaves nothing
         raise
     finally:
         ex.close()
         restore_env()
-    counts["failures"] = failures
-    if spec.tuning is not None:  # stages 1 and 2 (study/tuning.py), each its own folder
-        from modbench.study.tuning import run_tuning
+    return session.counts
 
-        def stage(sub: StudySpec, folder: Path, stage_runs: list[RunSpec]) -> dict[str, Any]:
-            return run_study(sub, folder, executor=executor, workers=workers,
-                             ensembles=ensembles, progress=progress, options=options,
-                             runs=stage_runs)
 
-        for c in run_tuning(spec, out, stage):
-            for k, v in c.items():
-                counts[k] = counts[k] + v if k in counts else v
-    return counts
+class StudySession:
+    """The runner's :class:`~modbench.study.stages.Session`: one executor for every stage of
+    a study, the counts they add up to, and each study folder (the study's, ``tuning/``,
+    ``tuned/``) made on its first use: its results store, its ``spec.yaml``, the claims of
+    workers gone released."""
+
+    def __init__(self, ex: Executor, stack: bool, stack_memory: Any, progress: bool) -> None:
+        self.ex, self.progress = ex, progress
+        self.nproc = nproc_for(ex.gpus_per_job)
+        self.stack = stack
+        self.memory = stack_memory(ex.gpus_per_job) if stack else None
+        self.counts: dict[str, Any] = {
+            "total": 0, "already_done": 0, "trained": 0, "skipped": 0, "failed": 0, "busy": 0,
+            "diverged": 0, "stalled": 0, "added_seeds": 0, "failures": []}
+        self.stores: dict[Path, Store] = {}
+        self.fresh: list[Path] = []
+
+    def store(self, spec: StudySpec, folder: Path) -> Store:
+        if folder not in self.stores:
+            if not folder.exists():
+                self.fresh.append(folder)
+            store = Store(folder)
+            atomic_write_text(folder / "spec.yaml",
+                              yaml.safe_dump(spec.to_dict(), sort_keys=False))
+            store.release_dead()
+            self.stores[folder] = store
+        return self.stores[folder]
+
+    def execute(self, spec: StudySpec, folder: Path, runs: list[RunSpec]) -> None:
+        store = self.store(spec, Path(folder))
+        _execute(store, runs, spec, folder, self.ex, self.counts, self.counts["failures"],
+                 self.progress, self.stack, self.nproc, self.memory)
+
+    def remove_fresh(self) -> None:
+        """Remove each study folder this session made in which no run started: no run
+        folder, and every run of its index still pending (the deepest folder first)."""
+        for folder in reversed(self.fresh):
+            store = self.stores.get(folder)  # None: its store could not be made
+            started = any((folder / "runs").glob("*")) or (store is not None and any(
+                r["state"] != "pending" for r in store.rows()))
+            if not started:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
@@ -260,62 +265,6 @@ def _prepare_data(runs: list[RunSpec], progress: bool) -> None:
         if key not in seen:
             seen.add(key)
             open_data(c, progress=progress)
-
-
-def _undecided_runs(spec: StudySpec, out: str | Path, cap: int,
-                    spending: str = "obrien_fleming") -> list[RunSpec]:
-    """One look of the group-sequential design at each scale
-    (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule): the new
-    seeds it asks for (a method's next seed numbers above its first, a gap first: a run of an
-    earlier wave left unfinished), the look recorded in the study folder (``LOOKS_FILE``). A
-    scale whose last look asked for nothing and whose seeds have not changed since gets no new
-    look."""
-    from modbench.analysis.results import (
-        ALPHA,
-        LOOKS_FILE,
-        default_metric,
-        looks_json,
-        metric_table,
-        read_looks,
-        verdict_options,
-    )
-    from modbench.analysis.stats import sequential_look
-    from modbench.study.results import load_rows
-
-    metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
-    rows = load_rows(out)
-    looks = read_looks(out)
-    new: list[RunSpec] = []
-    for scale in spec.scales:
-        table = metric_table(rows, scale, metric, spec.baseline)
-        if spec.baseline not in table:
-            continue
-        history = looks.setdefault(scale, [])
-        if history and (history[-1].cap, history[-1].spending) != (cap, spending):
-            raise ModbenchError(
-                f"the looks of {scale} were planned for --until-decided {history[-1].cap} "
-                f"--spending {history[-1].spending}; go on with those, or remove "
-                f"{Path(out) / LOOKS_FILE} to start a new design")
-        seeds = {m: len(s) for m, s in table.items()}
-        if history and history[-1].last and dict(history[-1].seeds) == seeds:
-            continue
-        look = sequential_look(table, history, cap, baseline=spec.baseline, alpha=ALPHA,
-                               spending=spending, n_resamples=1,
-                               **verdict_options(rows, scale, metric,
-                                                 list(spec.seeds.anchors), table))
-        history.append(look)
-        for method, k in look.add.items():
-            have = set(table.get(method) or ())
-            # the next seeds above the first (a gap: a run of an earlier wave left unfinished)
-            seed, seeds = (min(have) + 1 if have else 0), []
-            while len(seeds) < k:
-                if seed not in have:
-                    seeds.append(seed)
-                seed += 1
-            new += [run_spec(spec, scale, method, s) for s in seeds]
-    if any(looks.values()):
-        atomic_write_text(Path(out) / LOOKS_FILE, looks_json(looks))
-    return new
 
 
 def _jobs(out: str | Path, runs: list[RunSpec], spec: StudySpec, stack: bool,

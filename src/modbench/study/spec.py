@@ -118,7 +118,7 @@ class ClaimSpec:
 class TuningSpec:
     """``tuning``: each method (the baseline too) gets its best value of ``key`` from ``grid``
     on the ``seeds`` (never a verdict seed), and its tuned verdict on the study's own seeds
-    (:mod:`modbench.study.tuning`; docs/studies.md, "Tuned versus frozen")."""
+    (:mod:`modbench.study.stages.tuning`; docs/studies.md, "Tuned versus frozen")."""
 
     key: str = ""
     grid: list[Any] = field(default_factory=list)

@@ -1,5 +1,5 @@
-"""Tuned versus frozen verdicts: a spec's ``tuning`` block (docs/studies.md, "Tuned versus
-frozen"; docs/statistics.md).
+"""The tuning and tuned stages: tuned versus frozen verdicts, a spec's ``tuning`` block
+(docs/studies.md, "Tuned versus frozen"; docs/statistics.md).
 
 A study with ``tuning: {key: recipe.lr, grid: [1e-3, 3e-3], seeds: [100]}`` runs in three
 parts, each its own study folder with its own index and run folders, so no run of one is ever
@@ -30,33 +30,48 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from modbench.analysis.results import (
     RunRow,
+    StudyResults,
     compare_scales,
     comparisons_json,
     default_metric,
     higher_is_better,
     metric_table,
+    rule_record,
 )
 from modbench.fsutil import atomic_write_text
-from modbench.report.tuning import BEST_FILE, TUNED_DIR, TUNING_DIR, VERDICTS_FILE
+from modbench.report.blocks import Block
+from modbench.report.tuning import (
+    BEST_FILE,
+    TUNED_DIR,
+    TUNING_DIR,
+    VERDICTS_FILE,
+    tuning_section,
+)
+from modbench.study.costs import StagePlan, Throughput, done_keys, run_flops
 from modbench.study.results import load_rows
 from modbench.study.spec import (
     RunSpec,
     Seeds,
     StudySpec,
+    expand,
     run_spec,
     tuning_grid,
     unique_runs,
     verdict_seeds,
 )
-
-#: runs a stage: (sub-spec, its folder, its runs) -> the runner's counts
-Stage = Callable[[StudySpec, Path, list[RunSpec]], dict[str, Any]]
+from modbench.study.stages.base import (
+    RunSettings,
+    Session,
+    Stage,
+    StatusPart,
+    hours,
+    register,
+)
 
 
 def config_value(cfg: Any, key: str) -> Any:
@@ -154,7 +169,9 @@ def tuned_runs(spec: StudySpec, best: dict[str, Any]) -> list[RunSpec]:
 def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> dict[str, Any]:
     """``verdicts.json``'s content: the tuned comparisons (:func:`compare_scales` on the tuned
     folder's rows of ``runs``, the frozen study's rule) and, per scale and method, the seeds
-    they read. Rows of other runs (at a value an earlier tuning chose) are left out."""
+    they read; last, ``"rule"``, the verdict rule that produced them, as in ``results.json``
+    (:func:`modbench.analysis.results.rule_record`). Rows of other runs (at a value an earlier
+    tuning chose) are left out."""
     keys = {r.key for r in runs}
     rows = [r for r in rows if r.key in keys]
     metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
@@ -166,29 +183,136 @@ def tuned_verdicts(spec: StudySpec, rows: list[RunRow], runs: list[RunSpec]) -> 
     values = {scale: {r.method: config_value(r.config, spec.tuning.key) for r in runs
                       if r.scale == scale} for scale in spec.scales} if spec.tuning else {}
     return {"metric": metric, "seeds": seeds, "values": values,
-            "comparisons": comparisons_json(comparisons)}
+            "comparisons": comparisons_json(comparisons), "rule": rule_record()}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
-def run_tuning(spec: StudySpec, out: str | Path, stage: Stage) -> list[dict[str, Any]]:
-    """Stages 1 and 2 of a tuned study in ``out`` (the frozen study's folder), each run by
-    ``stage``; ``best.json`` and ``verdicts.json`` written after each. Returns the stages'
-    counts."""
-    t = spec.tuning
-    if t is None:
-        return []
-    root = Path(out)
-    runs = tuning_runs(spec)
-    tuning_dir = root / TUNING_DIR
-    counts = [stage(_stage_spec(spec, TUNING_DIR, Seeds(list(t.seeds), [], [])), tuning_dir,
-                    [r for _, r in runs])]
-    best = choose_best(spec, runs, load_rows(tuning_dir))
-    _write_json(tuning_dir / BEST_FILE, best)
-    tuned_dir = root / TUNED_DIR
-    second = tuned_runs(spec, best)
-    counts.append(stage(_stage_spec(spec, TUNED_DIR, spec.seeds), tuned_dir, second))
-    _write_json(tuned_dir / VERDICTS_FILE, tuned_verdicts(spec, load_rows(tuned_dir), second))
-    return counts
+class TuningStage(Stage):
+    """Stage 1: every scale, method (the baseline included), grid value and tuning seed, one
+    run, in ``STUDY/tuning/``; then each (scale, method)'s best value, ``best.json``."""
+
+    name = "tuning"
+
+    @classmethod
+    def applies(cls, spec: StudySpec, out: Path, settings: RunSettings) -> bool:
+        return spec.tuning is not None
+
+    @property
+    def folder(self) -> Path:
+        return self.out / TUNING_DIR
+
+    def check(self) -> None:
+        tuning_runs(self.spec)  # every grid value's runs resolve, before anything is written
+
+    def runs(self) -> list[RunSpec]:
+        return [r for _, r in tuning_runs(self.spec)]
+
+    def run(self, session: Session) -> None:
+        t = self.spec.tuning
+        assert t is not None
+        runs = tuning_runs(self.spec)
+        session.execute(_stage_spec(self.spec, TUNING_DIR, Seeds(list(t.seeds), [], [])),
+                        self.folder, [r for _, r in runs])
+        _write_json(self.folder / BEST_FILE,
+                    choose_best(self.spec, runs, load_rows(self.folder)))
+
+    def plan(self, rate: Throughput | None) -> StagePlan:
+        t = self.spec.tuning
+        assert t is not None
+        runs = self.runs()
+        done = done_keys(self.folder)
+        flops = sum(run_flops(r.config) for r in runs if r.key not in done)
+        seeds = ", ".join(str(x) for x in t.seeds)
+        return StagePlan(self.name, self.folder, len(runs),
+                         sum(r.key in done for r in runs), flops,
+                         f"every method and the baseline at each of the "
+                         f"{len(tuning_grid(t.key, t.grid))} values of {t.key}, on tuning "
+                         f"seed(s) {seeds}", gpu_hours=hours(flops, rate))
+
+    def status(self) -> list[StatusPart]:
+        assert self.spec.tuning is not None
+        if not (self.folder / "index.sqlite").is_file():
+            return []
+        return [StatusPart(self.folder, self.spec.tuning.key)]
+
+
+class TunedStage(Stage):
+    """Stage 2: every method at its best value on the verdict seeds, in ``STUDY/tuned/``,
+    judged against the baseline at its best value: ``verdicts.json``, and the report's
+    "Frozen versus tuned" section."""
+
+    name = "tuned"
+
+    @classmethod
+    def applies(cls, spec: StudySpec, out: Path, settings: RunSettings) -> bool:
+        return spec.tuning is not None
+
+    @property
+    def folder(self) -> Path:
+        return self.out / TUNED_DIR
+
+    def best(self) -> dict[str, Any] | None:
+        """The tuning stage's ``best.json`` once every tuning run is done (None before, or
+        when it cannot be read: as if not chosen)."""
+        tuning = self.out / TUNING_DIR
+        path = tuning / BEST_FILE
+        first = [r for _, r in tuning_runs(self.spec)]
+        if not path.is_file() or not {r.key for r in first} <= done_keys(tuning):
+            return None
+        try:
+            best: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            tuned_runs(self.spec, best)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return best
+
+    def runs(self) -> list[RunSpec] | None:
+        best = self.best()
+        return tuned_runs(self.spec, best) if best is not None else None
+
+    def run(self, session: Session) -> None:
+        best = json.loads((self.out / TUNING_DIR / BEST_FILE).read_text(encoding="utf-8"))
+        runs = tuned_runs(self.spec, best)
+        session.execute(_stage_spec(self.spec, TUNED_DIR, self.spec.seeds), self.folder, runs)
+        _write_json(self.folder / VERDICTS_FILE,
+                    tuned_verdicts(self.spec, load_rows(self.folder), runs))
+
+    def plan(self, rate: Throughput | None) -> StagePlan:
+        """Its runs once the tuning stage has chosen every value; before, one run per verdict
+        run, costed at the grid value whose run costs most: an upper bound where the key
+        changes the FLOPs (such as ``train.steps``), exact for ``recipe.lr``."""
+        t = self.spec.tuning
+        assert t is not None
+        runs = self.runs()
+        if runs is not None:
+            done = done_keys(self.folder)
+            flops = sum(run_flops(r.config) for r in runs if r.key not in done)
+            return StagePlan(self.name, self.folder, len(runs),
+                             sum(r.key in done for r in runs), flops,
+                             f"every method at its best {t.key} (best.json), on the verdict "
+                             "seeds", gpu_hours=hours(flops, rate))
+        verdict = expand(self.spec)
+        variants = [with_value(self.spec, v) for v in tuning_grid(t.key, t.grid)]
+        costs = [[run_flops(run_spec(v, r.scale, r.method, r.seed).config) for v in variants]
+                 for r in verdict]
+        flops = sum(max(c) for c in costs)
+        return StagePlan(self.name, self.folder, len(verdict), 0, flops,
+                         f"every method at its best {t.key}, chosen by the tuning stage, on "
+                         "the verdict seeds", known=False, gpu_hours=hours(flops, rate),
+                         upper_bound=any(min(c) != max(c) for c in costs))
+
+    def status(self) -> list[StatusPart]:
+        assert self.spec.tuning is not None
+        if not (self.folder / "index.sqlite").is_file():
+            return []
+        return [StatusPart(self.folder, self.spec.tuning.key)]
+
+    def report(self, results: StudyResults, out: Path) -> list[Block]:
+        return tuning_section(results, out)
+
+
+register(TuningStage)
+register(TunedStage)
