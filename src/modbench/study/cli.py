@@ -10,8 +10,6 @@ import typer
 from modbench.methods.options import MethodsFrom, use_plugins
 
 if TYPE_CHECKING:
-    from modbench.analysis.power import SeedPlan
-    from modbench.study.plan import Throughput
     from modbench.study.spec import StudySpec
 
 study_app = typer.Typer(help="Run a study: methods x seeds x scales under one recipe.\n\n"
@@ -41,95 +39,126 @@ _SLURM = "SLURM (--executor slurm)"
 _DRY = "Dry run (--dry-run)"
 
 
+# `study run`'s options, declared once (the executor's flags go to its kind by name)
+SpecOption = Annotated[str | None, typer.Argument(
+    help="Spec YAML file or built-in name (default: builtin-cpu).")]
+OutOption = Annotated[Path | None, typer.Option(
+    help="Study folder (default: studies/<spec name>).")]
+ExecutorOption = Annotated[str, typer.Option(
+    help="Where runs execute, a registered executor: local (this machine), ray (a local "
+         "Ray instance or --ray-address), slurm (job arrays through submitit); each takes "
+         "its own options below. Example: --executor slurm.",
+    rich_help_panel=_CLUSTER)]
+WorkersOption = Annotated[int | None, typer.Option(
+    help="Parallel worker processes of the local executor (default: one per CPU core (at "
+         "most 8) without a GPU, each on one thread; 1 with a GPU).")]
+UntilDecidedOption = Annotated[int | None, typer.Option(
+    help="Then add seeds as a group-sequential design, up to N seeds per group (N at "
+         "least 2): at each look the verdict's own test at the α that look spends, the "
+         "baseline's seeds first, one more seed for each method not yet decided.",
+    callback=_until_decided)]
+SpendingOption = Annotated[str, typer.Option(
+    help="--until-decided's α-spending function (Lan–DeMets): obrien_fleming (little α "
+         "early, most at the last look) or pocock (evenly).",
+    callback=_spending)]
+EnsemblesOption = Annotated[str, typer.Option(
+    help="Train a method's seeds stacked in one process: auto (with a GPU: CUDA here, or "
+         "one GPU per job on a cluster), on, off.")]
+ReportOption = Annotated[bool, typer.Option(help="Write the report when done.")]
+ProgressOption = Annotated[bool, typer.Option(help="Show a progress bar.")]
+DryRunOption = Annotated[bool, typer.Option(
+    "--dry-run", help="Print the jobs it would start, their resources and estimated "
+                      "GPU-hours; submit, start and write nothing. Example: modbench study "
+                      "run seed002-1.2b --executor slurm --dry-run.",
+    rich_help_panel=_DRY)]
+GpusPerRunOption = Annotated[int | None, typer.Option(
+    help="GPUs per job (a run, or a method's stacked seeds); more than 1 trains each run "
+         "as one torchrun group on one node (default: slurm 1; ray 1 if the cluster has "
+         "GPUs, else 0). Example: --gpus-per-run 8.", rich_help_panel=_CLUSTER)]
+CpusPerRunOption = Annotated[int | None, typer.Option(
+    help="CPUs per job, ray and slurm (default: 4 per GPU, 1 without). Example: "
+         "--cpus-per-run 16.", rich_help_panel=_CLUSTER)]
+RayAddressOption = Annotated[str | None, typer.Option(
+    help="Join this Ray cluster (ray.init(address=...)) (default: start a local Ray "
+         "instance). Example: --ray-address auto.", rich_help_panel=_CLUSTER)]
+SlurmPartitionOption = Annotated[str | None, typer.Option(
+    help="Partition (default: the cluster's). Example: --slurm-partition gpu.",
+    rich_help_panel=_SLURM)]
+SlurmTimeOption = Annotated[int | None, typer.Option(
+    help="Time limit per job in minutes; a longer job is requeued and resumes from its "
+         "last checkpoint (default: 1440). Example: --slurm-time 720.",
+    rich_help_panel=_SLURM)]
+SlurmAccountOption = Annotated[str | None, typer.Option(
+    help="Account to charge. Example: --slurm-account myproject.",
+    rich_help_panel=_SLURM)]
+SlurmQosOption = Annotated[str | None, typer.Option(
+    help="Quality of service. Example: --slurm-qos high.", rich_help_panel=_SLURM)]
+SlurmConstraintOption = Annotated[str | None, typer.Option(
+    help="Node features. Example: --slurm-constraint h100.", rich_help_panel=_SLURM)]
+SlurmMemGbOption = Annotated[float | None, typer.Option(
+    help="Memory per job in GB (default: the partition's). Example: --slurm-mem-gb 200.",
+    rich_help_panel=_SLURM)]
+SlurmArrayParallelismOption = Annotated[int | None, typer.Option(
+    help="Array tasks running at once (default: 256). Example: "
+         "--slurm-array-parallelism 8.", rich_help_panel=_SLURM)]
+SlurmSetupOption = Annotated[list[str] | None, typer.Option(
+    help="Shell line run before each job, repeatable. Example: --slurm-setup 'module load "
+         "cuda/12.4' --slurm-setup 'source ~/venv/bin/activate'.",
+    rich_help_panel=_SLURM)]
+SlurmFolderOption = Annotated[Path | None, typer.Option(
+    help="Folder for submitit's logs and pickles (default: <study>/slurm). Example: "
+         "--slurm-folder /scratch/me/logs.", rich_help_panel=_SLURM)]
+SlurmMaxTimeoutsOption = Annotated[int | None, typer.Option(
+    help="Time-outs after which a job is not requeued again (default: 30). Example: "
+         "--slurm-max-timeouts 10.", rich_help_panel=_SLURM)]
+SlurmExtraOption = Annotated[list[str] | None, typer.Option(
+    help="Any other sbatch option as KEY=VALUE, repeatable. Example: --slurm-extra "
+         "mail-type=END --slurm-extra exclude=node07.", rich_help_panel=_SLURM)]
+ExecutorOptionOption = Annotated[list[str] | None, typer.Option(
+    help="Any option of the chosen executor as KEY=VALUE, KEY its flag without the dashes "
+         "(for an executor without flags of its own), repeatable. Example: "
+         "--executor-option slurm-qos=high.", rich_help_panel=_CLUSTER)]
+GpuTypeOption = Annotated[str | None, typer.Option(
+    help="GPU whose dense bf16 peak the estimate uses: H100, H200, A100, B200 (default: "
+         "H100). Example: --gpu-type A100.", rich_help_panel=_DRY)]
+GpuTflopsOption = Annotated[float | None, typer.Option(
+    help="Dense bf16 peak in TFLOP/s of another GPU. Example: --gpu-tflops 459.",
+    rich_help_panel=_DRY)]
+MfuOption = Annotated[float | None, typer.Option(
+    help="Model FLOPs utilisation the estimate assumes (default: 0.30). Example: --mfu "
+         "0.4.", rich_help_panel=_DRY)]
+
+
 @study_app.command("run")
 def run(
-    spec: Annotated[str | None, typer.Argument(
-        help="Spec YAML file or built-in name (default: builtin-cpu).")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Study folder (default: studies/<spec name>).")] = None,
-    executor: Annotated[str, typer.Option(
-        help="Where runs execute, a registered executor: local (this machine), ray (a local "
-             "Ray instance or --ray-address), slurm (job arrays through submitit); each takes "
-             "its own options below. Example: --executor slurm.",
-        rich_help_panel=_CLUSTER)] = "local",
-    workers: Annotated[int | None, typer.Option(
-        help="Parallel worker processes of the local executor (default: one per CPU core (at "
-             "most 8) without a GPU, each on one thread; 1 with a GPU).")] = None,
-    until_decided: Annotated[int | None, typer.Option(
-        help="Then add seeds as a group-sequential design, up to N seeds per group (N at "
-             "least 2): at each look the verdict's own test at the α that look spends, the "
-             "baseline's seeds first, one more seed for each method not yet decided.",
-        callback=_until_decided)] = None,
-    spending: Annotated[str, typer.Option(
-        help="--until-decided's α-spending function (Lan–DeMets): obrien_fleming (little α "
-             "early, most at the last look) or pocock (evenly).",
-        callback=_spending)] = "obrien_fleming",
-    ensembles: Annotated[str, typer.Option(
-        help="Train a method's seeds stacked in one process: auto (with a GPU: CUDA here, or "
-             "one GPU per job on a cluster), on, off.")] = "auto",
-    report: Annotated[bool, typer.Option(help="Write the report when done.")] = True,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the jobs it would start, their resources and estimated "
-                          "GPU-hours; submit, start and write nothing. Example: modbench study "
-                          "run seed002-1.2b --executor slurm --dry-run.",
-        rich_help_panel=_DRY)] = False,
-    gpus_per_run: Annotated[int | None, typer.Option(
-        help="GPUs per job (a run, or a method's stacked seeds); more than 1 trains each run "
-             "as one torchrun group on one node (default: slurm 1; ray 1 if the cluster has "
-             "GPUs, else 0). Example: --gpus-per-run 8.", rich_help_panel=_CLUSTER)] = None,
-    cpus_per_run: Annotated[int | None, typer.Option(
-        help="CPUs per job, ray and slurm (default: 4 per GPU, 1 without). Example: "
-             "--cpus-per-run 16.", rich_help_panel=_CLUSTER)] = None,
-    ray_address: Annotated[str | None, typer.Option(
-        help="Join this Ray cluster (ray.init(address=...)) (default: start a local Ray "
-             "instance). Example: --ray-address auto.", rich_help_panel=_CLUSTER)] = None,
-    slurm_partition: Annotated[str | None, typer.Option(
-        help="Partition (default: the cluster's). Example: --slurm-partition gpu.",
-        rich_help_panel=_SLURM)] = None,
-    slurm_time: Annotated[int | None, typer.Option(
-        help="Time limit per job in minutes; a longer job is requeued and resumes from its "
-             "last checkpoint (default: 1440). Example: --slurm-time 720.",
-        rich_help_panel=_SLURM)] = None,
-    slurm_account: Annotated[str | None, typer.Option(
-        help="Account to charge. Example: --slurm-account myproject.",
-        rich_help_panel=_SLURM)] = None,
-    slurm_qos: Annotated[str | None, typer.Option(
-        help="Quality of service. Example: --slurm-qos high.", rich_help_panel=_SLURM)] = None,
-    slurm_constraint: Annotated[str | None, typer.Option(
-        help="Node features. Example: --slurm-constraint h100.", rich_help_panel=_SLURM)] = None,
-    slurm_mem_gb: Annotated[float | None, typer.Option(
-        help="Memory per job in GB (default: the partition's). Example: --slurm-mem-gb 200.",
-        rich_help_panel=_SLURM)] = None,
-    slurm_array_parallelism: Annotated[int | None, typer.Option(
-        help="Array tasks running at once (default: 256). Example: "
-             "--slurm-array-parallelism 8.", rich_help_panel=_SLURM)] = None,
-    slurm_setup: Annotated[list[str] | None, typer.Option(
-        help="Shell line run before each job, repeatable. Example: --slurm-setup 'module load "
-             "cuda/12.4' --slurm-setup 'source ~/venv/bin/activate'.",
-        rich_help_panel=_SLURM)] = None,
-    slurm_folder: Annotated[Path | None, typer.Option(
-        help="Folder for submitit's logs and pickles (default: <study>/slurm). Example: "
-             "--slurm-folder /scratch/me/logs.", rich_help_panel=_SLURM)] = None,
-    slurm_max_timeouts: Annotated[int | None, typer.Option(
-        help="Time-outs after which a job is not requeued again (default: 30). Example: "
-             "--slurm-max-timeouts 10.", rich_help_panel=_SLURM)] = None,
-    slurm_extra: Annotated[list[str] | None, typer.Option(
-        help="Any other sbatch option as KEY=VALUE, repeatable. Example: --slurm-extra "
-             "mail-type=END --slurm-extra exclude=node07.", rich_help_panel=_SLURM)] = None,
-    executor_option: Annotated[list[str] | None, typer.Option(
-        help="Any option of the chosen executor as KEY=VALUE, KEY its flag without the dashes "
-             "(for an executor without flags of its own), repeatable. Example: "
-             "--executor-option slurm-qos=high.", rich_help_panel=_CLUSTER)] = None,
-    gpu_type: Annotated[str | None, typer.Option(
-        help="GPU whose dense bf16 peak the estimate uses: H100, H200, A100, B200 (default: "
-             "H100). Example: --gpu-type A100.", rich_help_panel=_DRY)] = None,
-    gpu_tflops: Annotated[float | None, typer.Option(
-        help="Dense bf16 peak in TFLOP/s of another GPU. Example: --gpu-tflops 459.",
-        rich_help_panel=_DRY)] = None,
-    mfu: Annotated[float | None, typer.Option(
-        help="Model FLOPs utilisation the estimate assumes (default: 0.30). Example: --mfu "
-             "0.4.", rich_help_panel=_DRY)] = None,
+    spec: SpecOption = None,
+    out: OutOption = None,
+    executor: ExecutorOption = "local",
+    workers: WorkersOption = None,
+    until_decided: UntilDecidedOption = None,
+    spending: SpendingOption = "obrien_fleming",
+    ensembles: EnsemblesOption = "auto",
+    report: ReportOption = True,
+    progress: ProgressOption = True,
+    dry_run: DryRunOption = False,
+    gpus_per_run: GpusPerRunOption = None,
+    cpus_per_run: CpusPerRunOption = None,
+    ray_address: RayAddressOption = None,
+    slurm_partition: SlurmPartitionOption = None,
+    slurm_time: SlurmTimeOption = None,
+    slurm_account: SlurmAccountOption = None,
+    slurm_qos: SlurmQosOption = None,
+    slurm_constraint: SlurmConstraintOption = None,
+    slurm_mem_gb: SlurmMemGbOption = None,
+    slurm_array_parallelism: SlurmArrayParallelismOption = None,
+    slurm_setup: SlurmSetupOption = None,
+    slurm_folder: SlurmFolderOption = None,
+    slurm_max_timeouts: SlurmMaxTimeoutsOption = None,
+    slurm_extra: SlurmExtraOption = None,
+    executor_option: ExecutorOptionOption = None,
+    gpu_type: GpuTypeOption = None,
+    gpu_tflops: GpuTflopsOption = None,
+    mfu: MfuOption = None,
     methods_from: MethodsFrom = None,
 ) -> None:
     """Train and evaluate every run of a study that is not done yet (a killed study resumes
@@ -140,32 +169,21 @@ def run(
     Example: modbench study run seed002-1.2b --executor slurm --gpus-per-run 8
     --slurm-partition gpu --slurm-time 1440 --dry-run
     """
-    from modbench.study.executors import ExecutorOptions, parse_items
     from modbench.study.runner import run_study
-    from modbench.study.spec import load_spec
 
-    s = load_spec(spec)
-    s.methods_from = _with_plugins(s.methods_from, methods_from)
+    s = load_spec_with_plugins(spec, methods_from)
     folder = out or Path("studies") / s.name
-    options = ExecutorOptions(  # by flag name: the executor's kind reads the ones it takes
-        gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run, ray_address=ray_address,
-        slurm_partition=slurm_partition, slurm_time=slurm_time, slurm_account=slurm_account,
-        slurm_qos=slurm_qos, slurm_constraint=slurm_constraint, slurm_mem_gb=slurm_mem_gb,
-        slurm_array_parallelism=slurm_array_parallelism, slurm_setup=tuple(slurm_setup or ()),
+    options = _executor_options(
+        executor_option, gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run,
+        ray_address=ray_address, slurm_partition=slurm_partition, slurm_time=slurm_time,
+        slurm_account=slurm_account, slurm_qos=slurm_qos, slurm_constraint=slurm_constraint,
+        slurm_mem_gb=slurm_mem_gb, slurm_array_parallelism=slurm_array_parallelism,
+        slurm_setup=tuple(slurm_setup or ()),
         slurm_folder=str(slurm_folder) if slurm_folder else None,
         slurm_max_timeouts=slurm_max_timeouts, slurm_extra=tuple(slurm_extra or ()))
-    options = ExecutorOptions(parse_items(executor_option or (), options))
-    if dry_run:  # what the run refuses of the spec with these options, refused here too
-        from modbench.study.runner import check_study_run
-        from modbench.study.spec import expand
-
-        check_study_run(s, expand(s), until_decided)
-        from modbench.study.plan import format_plan, plan_study, throughput
-
-        plan = plan_study(s, folder, executor, workers=workers, ensembles=ensembles,
-                          options=options, rate=throughput(gpu_type, gpu_tflops, mfu),
-                          until_decided=until_decided, spending=spending)
-        typer.echo(format_plan(plan))
+    if dry_run:
+        typer.echo(_dry_run(s, folder, executor, workers, ensembles, options, until_decided,
+                            spending, gpu_type, gpu_tflops, mfu))
         return
     if gpu_type is not None or gpu_tflops is not None or mfu is not None:
         from modbench.errors import ModbenchError
@@ -174,20 +192,58 @@ def run(
                             "add --dry-run, or leave them out")
     c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
                   ensembles=ensembles, progress=progress, options=options, spending=spending)
-    typer.echo(f"study {s.name} in {folder}: {c['total']} runs, {c['already_done']} already "
-               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['stalled']} stalled, "
-               f"{c['failed']} failed"
-               + (f", {c['busy']} held by other workers" if c["busy"] else "")
-               + (f", {c['added_seeds']} seeds added" if until_decided else ""))
-    for f in c["failures"]:
-        typer.echo(f"  failed: {f}", err=True)
+    _say_counts(s.name, folder, c, until_decided is not None)
     if report:
         from modbench.study.reporting import write_study_report
 
-        out = write_study_report(folder)
-        typer.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+        written = write_study_report(folder)
+        typer.echo(f"report: {written / 'report.md'} and {written / 'report.html'}")
     if c["failed"]:
         raise typer.Exit(1)
+
+
+def load_spec_with_plugins(spec: str | None, methods_from: list[str] | None) -> StudySpec:
+    """The spec ``study run`` is given, with the plugins ``--methods-from`` adds."""
+    from modbench.study.spec import load_spec
+
+    s = load_spec(spec)
+    s.methods_from = _with_plugins(s.methods_from, methods_from)
+    return s
+
+
+def _executor_options(items: list[str] | None, **flags: Any) -> Any:
+    """The executor's options by flag name (its kind reads the ones it takes), then any
+    ``--executor-option KEY=VALUE`` items over them."""
+    from modbench.study.executors import ExecutorOptions, parse_items
+
+    return ExecutorOptions(parse_items(items or (), ExecutorOptions(**flags)))
+
+
+def _dry_run(s: StudySpec, folder: Path, executor: str, workers: int | None, ensembles: str,
+             options: Any, until_decided: int | None, spending: str, gpu_type: str | None,
+             gpu_tflops: float | None, mfu: float | None) -> str:
+    """``study run --dry-run``: what the run refuses of the spec with these options, refused
+    here too; else the plan of every stage, as text."""
+    from modbench.study.plan import format_plan, plan_study, throughput
+    from modbench.study.runner import check_study_run
+    from modbench.study.spec import expand
+
+    check_study_run(s, expand(s), until_decided)
+    plan = plan_study(s, folder, executor, workers=workers, ensembles=ensembles,
+                      options=options, rate=throughput(gpu_type, gpu_tflops, mfu),
+                      until_decided=until_decided, spending=spending)
+    return format_plan(plan)
+
+
+def _say_counts(name: str, folder: Path, c: dict[str, Any], sequential: bool) -> None:
+    """The line ``study run`` ends with, and each failed run's reason."""
+    typer.echo(f"study {name} in {folder}: {c['total']} runs, {c['already_done']} already "
+               f"done, {c['trained']} trained, {c['diverged']} diverged, {c['stalled']} stalled, "
+               f"{c['failed']} failed"
+               + (f", {c['busy']} held by other workers" if c["busy"] else "")
+               + (f", {c['added_seeds']} seeds added" if sequential else ""))
+    for f in c["failures"]:
+        typer.echo(f"  failed: {f}", err=True)
 
 
 def _with_plugins(recorded: list[str], given: list[str] | None) -> list[str]:
@@ -471,136 +527,17 @@ def plan(
     Example: modbench study plan builtin-cpu --effect 0.02 --from studies/builtin-cpu --json
     """
     import json
-    import math
 
-    from modbench.analysis import power as P
-    from modbench.analysis.results import ALPHA, CORRECTION, FLOOR_SIGMAS
-    from modbench.errors import ModbenchError
-    from modbench.study.plan import run_flops, throughput
-    from modbench.study.spec import load_spec, run_spec
+    from modbench.study.plan import throughput
+    from modbench.study.seeds import plan_study_seeds
+    from modbench.study.spec import load_spec
 
     use_plugins(methods_from)
-    eff = P.parse_effect(effect)
-    rule = P.parse_baseline_seeds(baseline_seeds)
-    if sigma is not None and from_study is not None:
-        raise ModbenchError("give the noise floor once: --sigma S or --from STUDY_FOLDER")
-    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
-        raise ModbenchError(f"--sigma must be a positive std in metric units, got {sigma}")
-    if workers is not None and workers < 1:
-        raise ModbenchError(f"--workers must be at least 1, got {workers}")
     rate = throughput(gpu_type, gpu_tflops, mfu)
-    s = load_spec(spec)
-    floor_note = ""
-    if from_study is not None:
-        sigma, floor_note = _study_floor(from_study)
-    d = eff.sigmas(sigma)
-    methods = [m for m in dict.fromkeys(s.methods) if m != s.baseline]
-    base_f = [run_flops(run_spec(s, sc, s.baseline, 0).config) for sc in s.scales]
-    meth_f = [run_flops(run_spec(s, sc, m, 0).config) for sc in s.scales for m in methods]
-    p = P.plan_seeds(d, len(methods), alpha=ALPHA, power=power, floor_sigmas=FLOOR_SIGMAS,
-                     baseline=rule, flops_per_run={"baseline": base_f, "methods": meth_f},
-                     scales=len(s.scales), correction=CORRECTION, sigma=sigma,
-                     effect_metric=d * sigma if sigma is not None else None)
-    if from_study is not None:
-        p.notes.append(floor_note)
-    if workers is None:
-        from modbench.runtime.device import usable_cpus
-
-        workers = min(usable_cpus(), 8)
-    cpu_s = [r.flops / P.CPU_FLOPS_PER_S for r in p.rows]
-    gpu_h = [r.flops / rate.flops_per_s / 3600 for r in p.rows]
-    if as_json:
-        out = {**p.to_dict(), "spec": s.name, "scales": s.scales, "methods": methods,
-               "baseline": s.baseline, "cpu_flops_per_s": P.CPU_FLOPS_PER_S, "workers": workers,
-               "gpu": rate.gpu, "gpu_flops_per_s": rate.flops_per_s,
-               "cost": [{"n": r.n, "cpu_core_hours": c / 3600,
-                         "cpu_wall_hours": c / 3600 / min(workers, r.runs),
-                         "gpu_hours": g} for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True)]}
-        typer.echo(json.dumps(out, indent=2))
-        return
-    typer.echo(_format_power_plan(s.name, s.scales, s.baseline, p, cpu_s, gpu_h, workers,
-                                  rate))
-
-
-def _study_floor(folder: Path) -> tuple[float, str]:
-    """The noise floor of a finished study: its baseline's seed std (ddof 1) at its first
-    scale (the spec's order, else by name) on its decision metric, and a line saying so."""
-    from modbench.analysis.power import sigma_interval
-    from modbench.analysis.results import default_metric, metric_table
-    from modbench.analysis.stats import sample_std
-    from modbench.errors import ModbenchError
-    from modbench.study.results import load_rows, load_spec_of
-    from modbench.study.spec import StudySpec
-
-    rows = load_rows(folder)
-    spec = load_spec_of(folder) or StudySpec()
-    metric = default_metric(spec.evaluation.primary, spec.evaluation.tasks)
-    here = {r.scale for r in rows if r.method == spec.baseline and r.state == "done"}
-    order = [sc for sc in spec.scales if sc in here] + sorted(here - set(spec.scales))
-    if not order:
-        raise ModbenchError(f"{folder} has no finished run of its baseline '{spec.baseline}': "
-                            "no noise floor to read; give --sigma S")
-    scale = order[0]
-    values = list(metric_table(rows, scale, metric, spec.baseline)[spec.baseline].values())
-    finite = [v for v in values if v is not None and v == v and abs(v) != float("inf")]
-    sd = sample_std(finite)
-    if len(finite) < 2 or not sd > 0:
-        raise ModbenchError(f"{folder}: the baseline has {len(finite)} finished seed(s) with "
-                            f"a {metric} at {scale} and σ = {sd:.3g}: no noise floor; give "
-                            "--sigma S")
-    lo, hi = sigma_interval(sd, len(finite))
-    return sd, (f"σ = {sd:.4g} ({metric}) from {folder}'s {len(finite)} baseline seeds at "
-                f"{scale}; from {len(finite)} seeds its 95 % interval is {lo:.3g} to {hi:.3g}, "
-                "so the planned seeds are as uncertain as that floor")
-
-
-def _format_power_plan(name: str, scales: list[str], baseline: str, p: SeedPlan,
-                       cpu_s: list[float], gpu_h: list[float], workers: int,
-                       rate: Throughput) -> str:
-    from modbench.analysis.power import CPU_FLOPS_PER_S
-
-    eff = f"{p.effect_sigma:.3g}σ" + (f" = {p.effect_metric:.4g} (σ = {p.sigma:.4g})"
-                                      if p.effect_metric is not None else "")
-    b = {"same": "the same n", "sqrt": "ceil(n x sqrt(methods))"}.get(
-        str(p.baseline_rule), f"max({p.baseline_rule}, n)")
-    lines = [f"power plan for {name}: a method truly {eff} better, called an improver",
-             f"design     {p.m} methods against {baseline} at {len(scales)} scale(s) "
-             f"({', '.join(scales)}); baseline seeds: {b}",
-             f"test       pooled t, df = (n_b - 1) + {p.m} (n - 1); Holm over {p.m} at α "
-             f"{p.alpha:g}, bounded by Bonferroni (α/{p.m}); and |Δ| > {p.floor_sigmas:g}σ",
-             "",
-             f"{'n':>3} {'n_b':>4} {'df':>4} {'power':>7} {'(t alone)':>9} {'runs':>5} "
-             f"{'FLOPs':>9} {'CPU h':>8} {'GPU-h':>8}"]
-    for r, c, g in zip(p.rows, cpu_s, gpu_h, strict=True):
-        mark = "  <- " + f"{p.target:.0%}" if r is p.chosen else ""
-        lines.append(f"{r.n:>3} {r.n_b:>4} {r.df:>4} {r.power:>7.1%} {r.t_power:>9.1%} "
-                     f"{r.runs:>5} {r.flops:>9.3g} {c / 3600:>8.3g} {g:>8.3g}{mark}")
-    lines.append("")
-    if p.chosen is not None:
-        i = p.rows.index(p.chosen)
-        c = p.chosen
-        wall = cpu_s[i] / min(workers, c.runs)
-        lines.append(f"seeds: {c.n} per method and {c.n_b} for the baseline give "
-                     f"{c.power:.1%} power ({c.runs} runs, {c.flops:.3g} FLOPs)")
-        lines.append(f"CPU time: {cpu_s[i] / 3600:.3g} core-hours, about "
-                     f"{_duration(wall)} wall with {workers} worker process(es); GPU: "
-                     f"{gpu_h[i]:.3g} GPU-hours on {rate.gpu} at {rate.flops_per_s / 1e12:.1f} "
-                     f"TFLOP/s (MFU {rate.mfu:.2f}{', assumed' if rate.mfu_assumed else ''})")
-    else:
-        lines.append(f"seeds: no n up to {p.rows[-1].n} reaches {p.target:.0%} power")
-    lines.append(f"CPU rate: {CPU_FLOPS_PER_S / 1e9:.1f} GFLOP/s per worker process, assumed: "
-                 "the built-in study's measured end-to-end rate (BENCHMARKS.md); other shapes "
-                 "run at other rates")
-    lines += [f"note: {n}" for n in p.notes]
-    return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.3g} days"
+    plan = plan_study_seeds(load_spec(spec), effect, sigma=sigma, from_study=from_study,
+                            power=power, baseline_seeds=baseline_seeds, workers=workers,
+                            rate=rate)
+    typer.echo(json.dumps(plan.to_json(), indent=2) if as_json else plan.format())
 
 
 @study_app.command("list")

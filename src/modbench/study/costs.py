@@ -96,6 +96,7 @@ class StagePlan:
     known: bool = True
     gpu_hours: float | None = None
     upper_bound: bool = False  # flops (and GPU-hours) are an upper bound, not the estimate
+    runs_bound: bool = False  # runs too: at most so many (the sequential looks')
 
 
 def done_keys(folder: Path) -> set[str]:

@@ -187,14 +187,17 @@ def format_plan(plan: StudyPlan) -> str:
         left = st.runs - st.done
         bound = "at most " if st.upper_bound else ""
         gpu = (f" = {bound}{st.gpu_hours:,.1f} GPU-hours" if st.gpu_hours is not None else "")
-        lines.append(f"then stage {st.name} -> {st.folder}: {left} of {st.runs} runs to train"
+        lines.append(f"then stage {st.name} -> {st.folder}: "
+                     + (f"at most {left} runs to train" if st.runs_bound
+                        else f"{left} of {st.runs} runs to train")
                      + (f" ({st.done} done)" if st.done else "")
                      + f", {bound}{st.flops:.3e} FLOPs{gpu}: {st.what}")
     if plan.stages:
         flops = plan.flops + sum(st.flops for st in plan.stages)
         runs = todo + sum(st.runs - st.done for st in plan.stages)
         bound = any(st.upper_bound for st in plan.stages)
-        lines.append(f"all stages: {runs} runs, {'at most ' if bound else ''}{flops:.3e} "
+        lines.append(f"all stages: {'at most ' if any(st.runs_bound for st in plan.stages) else ''}"
+                     f"{runs} runs, {'at most ' if bound else ''}{flops:.3e} "
                      "FLOPs")
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

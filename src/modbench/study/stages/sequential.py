@@ -68,7 +68,7 @@ class SequentialStage(Stage):
                          f"seeds added by looks up to {cap} per group "
                          f"({self.settings.spending} α-spending), only to methods not yet "
                          "decided", known=False, gpu_hours=hours(flops, rate),
-                         upper_bound=True)
+                         upper_bound=True, runs_bound=True)
 
     def status(self) -> list[StatusPart]:
         lines = []
