@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,42 +27,57 @@ EXIT_DIVERGED = 3  # a run's status is one of UNSUCCESSFUL (the CLI's exit codes
 UNSUCCESSFUL = ("diverged", "stalled")
 
 
+# The options of `modbench train`.
+_PresetOpt = Annotated[str | None, typer.Option(
+    help="Model/training preset (`modbench presets`) [default: cpu-small].")]
+_MethodOpt = Annotated[str | None, typer.Option(
+    help="Method string: names joined by '+', options in parentheses (`modbench "
+         "methods`) [default: baseline].")]
+_SeedOpt = Annotated[int | None, typer.Option(
+    help="Init seed; the data order never depends on it [default: 0].")]
+_SeedsOpt = Annotated[str | None, typer.Option(
+    help="Several init seeds, comma-separated (e.g. 0,1,2): trained stacked in one "
+         "process on the same batches, one run folder each (OUT/s<seed>); a method that "
+         "cannot stack trains them one at a time.")]
+_StepsOpt = Annotated[int | None, typer.Option(
+    help="Optimizer steps [default: the preset's].")]
+_OutOpt = Annotated[Path | None, typer.Option(
+    help="Run folder; with --seeds the parent of one folder per seed [default: a new "
+         "folder under runs/ named after the preset, method, seed and time].")]
+_RecipeOpt = Annotated[str | None, typer.Option(
+    help="Recipe (`modbench recipes`) [default: the preset's].")]
+_ConfigOpt = Annotated[Path | None, typer.Option(
+    help="YAML file with any subset of the config keys.")]
+_CheckpointEveryOpt = Annotated[int | None, typer.Option(
+    help="Write a checkpoint every K steps.")]
+_ResumeOpt = Annotated[bool, typer.Option(
+    help="Continue the run in --out from its last checkpoint (its config.yaml is the "
+         "starting point; other options must agree with it). The checkpoint may come "
+         "from any number of processes.")]
+_SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="KEY=VALUE",
+    help="Dotted override, repeatable (e.g. recipe.lr=1e-3; docs/config.md).")]
+_NprocOpt = Annotated[int | None, typer.Option(
+    help="Train with N processes on this node (torchrun; one per GPU on CUDA, gloo on "
+         "the CPU): DDP, or FSDP with --set train.parallel=fsdp. train.batch_size is the "
+         "global batch and must divide by N; the data order equals one process's.")]
+_ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+
+
 def train_command(
-    preset: Annotated[str | None, typer.Option(
-        help="Model/training preset (`modbench presets`) [default: cpu-small].")] = None,
-    method: Annotated[str | None, typer.Option(
-        help="Method string: names joined by '+', options in parentheses (`modbench "
-             "methods`) [default: baseline].")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="Init seed; the data order never depends on it [default: 0].")] = None,
-    seeds: Annotated[str | None, typer.Option(
-        help="Several init seeds, comma-separated (e.g. 0,1,2): trained stacked in one "
-             "process on the same batches, one run folder each (OUT/s<seed>); a method that "
-             "cannot stack trains them one at a time.")] = None,
-    steps: Annotated[int | None, typer.Option(
-        help="Optimizer steps [default: the preset's].")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Run folder; with --seeds the parent of one folder per seed [default: a new "
-             "folder under runs/ named after the preset, method, seed and time].")] = None,
-    recipe: Annotated[str | None, typer.Option(
-        help="Recipe (`modbench recipes`) [default: the preset's].")] = None,
-    config: Annotated[Path | None, typer.Option(
-        help="YAML file with any subset of the config keys.")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        help="Write a checkpoint every K steps.")] = None,
-    resume: Annotated[bool, typer.Option(
-        help="Continue the run in --out from its last checkpoint (its config.yaml is the "
-             "starting point; other options must agree with it). The checkpoint may come "
-             "from any number of processes.")] = False,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", metavar="KEY=VALUE",
-        help="Dotted override, repeatable (e.g. recipe.lr=1e-3; docs/config.md).")] = None,
-    nproc: Annotated[int | None, typer.Option(
-        help="Train with N processes on this node (torchrun; one per GPU on CUDA, gloo on "
-             "the CPU): DDP, or FSDP with --set train.parallel=fsdp. train.batch_size is the "
-             "global batch and must divide by N; the data order equals one process's.")
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    preset: _PresetOpt = None,
+    method: _MethodOpt = None,
+    seed: _SeedOpt = None,
+    seeds: _SeedsOpt = None,
+    steps: _StepsOpt = None,
+    out: _OutOpt = None,
+    recipe: _RecipeOpt = None,
+    config: _ConfigOpt = None,
+    checkpoint_every: _CheckpointEveryOpt = None,
+    resume: _ResumeOpt = False,
+    set_: _SetOpt = None,
+    nproc: _NprocOpt = None,
+    progress: _ProgressOpt = True,
     methods_from: MethodsFrom = None,
 ) -> None:
     """Train one model and write config.yaml, metrics.jsonl and summary.json to its folder.
@@ -76,96 +90,24 @@ def train_command(
 
     Example: modbench train --preset tiny --method post_ln+qknorm --seed 1 --steps 50 --out runs/t
     """
-    from modbench.config import resolve
-    from modbench.methods.build import plan
-    from modbench.train.distributed import check_world, launch
-    from modbench.train.trainer import train as run_train
-    from modbench.train.trainer import train_seeds
+    from modbench.train.runs import TrainOptions, parse_seeds, train_runs
 
     use_plugins(methods_from)
-    seed_list = _seed_list(seeds, seed)
-    if nproc is not None:
-        if nproc < 1:
-            raise ModbenchError(f"--nproc must be at least 1, got {nproc}")
-        if os.environ.get("WORLD_SIZE") and nproc > 1:
-            raise ModbenchError("--nproc starts a torchrun group, but this process already runs "
-                                "in one (WORLD_SIZE is set); drop --nproc")
-    overrides = list(set_ or [])
-    if checkpoint_every is not None:
-        overrides.append(f"train.checkpoint_every={checkpoint_every}")
-    first = out / f"s{seed_list[0]}" if seed_list and out is not None else out
-    if resume and config is None and first is not None and (first / "config.yaml").is_file():
-        config = first / "config.yaml"
-    cfg = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=seed, steps=steps,
-                  overrides=overrides)
-    if resume and first is not None:
-        _check_same_code(first)
-    if nproc is not None and nproc > 1:
-        check_world(cfg.train, nproc, len(seed_list) or 1, cfg.recipe.optimizer)
-    if out is None:
-        if resume:
-            raise ModbenchError("--resume needs --out, the folder of the run to continue")
-        safe = cfg.model.method.replace("+", "_").replace("(", "_").replace(")", "")
-        safe = "".join(c if c.isalnum() or c in "_-.=" else "_" for c in safe)[:80]
-        which = f"s{cfg.seed}" if not seed_list else "seeds" + "_".join(map(str, seed_list))
-        out = Path("runs") / f"{cfg.preset}-{safe}-{which}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if nproc is not None and nproc > 1:
-        summary = launch(cfg, out, nproc, resume=resume, progress=progress)
-        _print_summary(summary, out)
-        _exit_for([summary])
-        return
-    if not seed_list:
-        summary = run_train(cfg, out, resume=resume, progress=progress)
-        if int(os.environ.get("RANK") or 0) == 0:  # one summary from a torchrun group
-            _print_summary(summary, out)
-        if int(os.environ.get("WORLD_SIZE") or 1) == 1:  # a group member exits 0 (docstring)
-            _exit_for([summary])
-        return
-    p = plan(cfg.model)
-    if p.stackable:
-        summaries = train_seeds(cfg, seed_list, out, resume=resume, progress=progress)
-        typer.echo(f"stacked {len(seed_list)} seeds in one process")
-    else:
-        typer.echo(f"note: method '{p.method}' cannot stack seeds in one process "
-                   f"({p.stack_note}); training them one at a time")
-        summaries = []
-        for s in seed_list:
-            one = resolve(preset, recipe=recipe, yaml_file=config, method=method, seed=s,
-                          steps=steps, overrides=overrides)
-            summaries.append(run_train(one, out / f"s{s}", resume=resume, progress=progress))
-    for s, summary in zip(seed_list, summaries, strict=True):
-        _print_summary(summary, out / f"s{s}")
-    _exit_for(summaries)
-
-
-def _check_same_code(run: Path) -> None:
-    """Refuse to resume a run whose outside methods' code is not the code it trained with
-    (the two halves of its curve would come from two versions of the method)."""
-    from modbench.methods.plugins import check_recorded
-
-    check_recorded(run, "resume it")
+    trained = train_runs(TrainOptions(
+        preset=preset, method=method, seed=seed, seeds=parse_seeds(seeds, seed), steps=steps,
+        out=out, recipe=recipe, config=config, checkpoint_every=checkpoint_every, resume=resume,
+        overrides=list(set_ or []), nproc=nproc, progress=progress), note=typer.echo)
+    if trained.report:
+        for folder, summary in trained.runs:
+            _print_summary(summary, folder)
+    if trained.judge:  # a torchrun group's member exits 0 (module docstring)
+        _exit_for([summary for _, summary in trained.runs])
 
 
 def _exit_for(summaries: list[dict[str, Any]]) -> None:
     """Exit with :data:`EXIT_DIVERGED` when any run diverged or stalled."""
     if any(s.get("status") in UNSUCCESSFUL for s in summaries):
         raise typer.Exit(EXIT_DIVERGED)
-
-
-def _seed_list(seeds: str | None, seed: int | None) -> list[int]:
-    """``--seeds 0,1,2`` as distinct ints ([] when not given)."""
-    if seeds is None:
-        return []
-    if seed is not None:
-        raise ModbenchError("give --seed or --seeds, not both")
-    try:
-        out = [int(x) for x in seeds.split(",") if x.strip()]
-    except ValueError:
-        raise ModbenchError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got "
-                            f"{seeds!r}") from None
-    if not out or len(set(out)) != len(out):
-        raise ModbenchError(f"--seeds needs distinct init seeds, e.g. 0,1,2; got {seeds!r}")
-    return out
 
 
 def _print_summary(s: dict[str, Any], out: Path) -> None:
