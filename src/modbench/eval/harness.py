@@ -61,113 +61,124 @@ def _require_lm_eval() -> Any:
     return lm_eval
 
 
+class _AdapterMethods:
+    """The ``lm_eval`` LM methods over a modbench model and a ``tokenizers.Tokenizer``;
+    :func:`make_adapter` puts them on lm-eval's ``TemplateLM`` (imported only there, lm-eval
+    being optional)."""
+
+    backend = "causal"
+    cache_hook: Any  # set by lm-eval's LM.__init__
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int,
+                 device: str | torch.device, max_length: int | None) -> None:
+        super().__init__()
+        self.model = model.to(device).eval()
+        self.tok = tokenizer
+        self.batch_size = batch_size
+        self._device = torch.device(device)
+        self.max_length = max_length or model.cfg.max_seq_len
+        self._eot = tokenizer.token_to_id("<|endoftext|>")
+        if self._eot is None:
+            self._eot = 0
+
+    @property
+    def eot_token_id(self) -> int:
+        return int(self._eot)
+
+    @property
+    def prefix_token_id(self) -> int:
+        return int(self._eot)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return "modbench"
+
+    def tok_encode(self, string: str, **kwargs: Any) -> list[int]:
+        return list(self.tok.encode(string).ids)
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=False))
+
+    @torch.no_grad()
+    def _logprobs(self, rows: list[list[int]]) -> list[torch.Tensor]:
+        """Log-softmax over the vocabulary for each (unpadded) row, in float32."""
+        out: list[torch.Tensor] = []
+        for i in range(0, len(rows), self.batch_size):
+            chunk = rows[i: i + self.batch_size]
+            width = max(len(r) for r in chunk)
+            x = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
+            for j, r in enumerate(chunk):
+                x[j, : len(r)] = torch.tensor(r)  # right padding: causal, harmless
+            logp = F.log_softmax(self.model(x.to(self._device)).float(), dim=-1).cpu()
+            out += [logp[j, : len(r)] for j, r in enumerate(chunk)]
+        return out
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        rows, spans = [], []
+        for _, ctx, cont in requests:
+            whole = (ctx + cont)[-(self.max_length + 1):]
+            inp = whole[:-1]
+            rows.append(inp)
+            spans.append((len(inp) - len(cont), cont))
+        results = []
+        for logp, (start, cont) in zip(self._logprobs(rows), spans, strict=True):
+            sl = logp[start: start + len(cont)]
+            target = torch.tensor(cont)
+            total = float(sl.gather(-1, target[:, None]).sum())
+            greedy = bool((sl.argmax(-1) == target).all())
+            results.append((total, greedy))
+            self.cache_hook.add_partial("loglikelihood", None, (total, greedy))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any],
+                              disable_tqdm: bool = False) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        out = []
+        for (string,) in [r.args for r in requests]:
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            reqs = [(None, ctx, cont) for ctx, cont in windows]
+            out.append(sum(ll for ll, _ in self._loglikelihood_tokens(reqs)))
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        outs = []
+        for context, gen_kwargs in [r.args for r in requests]:
+            until = gen_kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen_kwargs.get("max_gen_toks", 256))
+            ids = self.tok_encode(context)
+            new: list[int] = []
+            text = ""
+            for _ in range(max_new):
+                x = torch.tensor([(ids + new)[-self.max_length:]], device=self._device)
+                nxt = int(self.model(x)[0, -1].argmax())
+                if nxt == self.eot_token_id:
+                    break
+                new.append(nxt)
+                text = self.tok_decode(new)
+                if any(u in text for u in until):
+                    break
+            for u in until:
+                text = text.split(u)[0]
+            outs.append(text)
+        return outs
+
+
 def make_adapter(model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 8,
                  device: str | torch.device = "cpu", max_length: int | None = None) -> Any:
     """An ``lm_eval`` LM over a modbench model (``tokenizer``: a ``tokenizers.Tokenizer``)."""
     _require_lm_eval()
     from lm_eval.api.model import TemplateLM
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    class ModbenchLM(TemplateLM):  # type: ignore[misc]
-        backend = "causal"
+    class ModbenchLM(_AdapterMethods, TemplateLM):  # type: ignore[misc]
+        pass
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model.to(device).eval()
-            self.tok = tokenizer
-            self.batch_size = batch_size
-            self._device = torch.device(device)
-            self.max_length = max_length or model.cfg.max_seq_len
-            self._eot = tokenizer.token_to_id("<|endoftext|>")
-            if self._eot is None:
-                self._eot = 0
-
-        @property
-        def eot_token_id(self) -> int:
-            return int(self._eot)
-
-        @property
-        def prefix_token_id(self) -> int:
-            return int(self._eot)
-
-        @property
-        def tokenizer_name(self) -> str:
-            return "modbench"
-
-        def tok_encode(self, string: str, **kwargs: Any) -> list[int]:
-            return list(self.tok.encode(string).ids)
-
-        def tok_decode(self, ids: list[int]) -> str:
-            return str(self.tok.decode(ids, skip_special_tokens=False))
-
-        @torch.no_grad()
-        def _logprobs(self, rows: list[list[int]]) -> list[torch.Tensor]:
-            """Log-softmax over the vocabulary for each (unpadded) row, in float32."""
-            out: list[torch.Tensor] = []
-            for i in range(0, len(rows), self.batch_size):
-                chunk = rows[i: i + self.batch_size]
-                width = max(len(r) for r in chunk)
-                x = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
-                for j, r in enumerate(chunk):
-                    x[j, : len(r)] = torch.tensor(r)  # right padding: causal, harmless
-                logp = F.log_softmax(self.model(x.to(self._device)).float(), dim=-1).cpu()
-                out += [logp[j, : len(r)] for j, r in enumerate(chunk)]
-            return out
-
-        def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
-                                  **kwargs: Any) -> list[tuple[float, bool]]:
-            rows, spans = [], []
-            for _, ctx, cont in requests:
-                whole = (ctx + cont)[-(self.max_length + 1):]
-                inp = whole[:-1]
-                rows.append(inp)
-                spans.append((len(inp) - len(cont), cont))
-            results = []
-            for logp, (start, cont) in zip(self._logprobs(rows), spans, strict=True):
-                sl = logp[start: start + len(cont)]
-                target = torch.tensor(cont)
-                total = float(sl.gather(-1, target[:, None]).sum())
-                greedy = bool((sl.argmax(-1) == target).all())
-                results.append((total, greedy))
-                self.cache_hook.add_partial("loglikelihood", None, (total, greedy))
-            return results
-
-        def loglikelihood_rolling(self, requests: list[Any],
-                                  disable_tqdm: bool = False) -> list[float]:
-            out = []
-            for (string,) in [r.args for r in requests]:
-                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1)]
-                reqs = [(None, ctx, cont) for ctx, cont in windows]
-                out.append(sum(ll for ll, _ in self._loglikelihood_tokens(reqs)))
-            return out
-
-        @torch.no_grad()
-        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            outs = []
-            for context, gen_kwargs in [r.args for r in requests]:
-                until = gen_kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
-                until = [until] if isinstance(until, str) else list(until)
-                max_new = int(gen_kwargs.get("max_gen_toks", 256))
-                ids = self.tok_encode(context)
-                new: list[int] = []
-                text = ""
-                for _ in range(max_new):
-                    x = torch.tensor([(ids + new)[-self.max_length:]], device=self._device)
-                    nxt = int(self.model(x)[0, -1].argmax())
-                    if nxt == self.eot_token_id:
-                        break
-                    new.append(nxt)
-                    text = self.tok_decode(new)
-                    if any(u in text for u in until):
-                        break
-                for u in until:
-                    text = text.split(u)[0]
-                outs.append(text)
-            return outs
-
-    return ModbenchLM()
+    return ModbenchLM(model, tokenizer, batch_size, device, max_length)
 
 
 _TRUST_TASK_CODE = contextvars.ContextVar("modbench_trust_task_code", default=False)
