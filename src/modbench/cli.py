@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,6 +23,10 @@ from modbench.errors import ModbenchError
 from modbench.helptext import tidy_help
 from modbench.interrupts import note_interrupts, parsed
 from modbench.methods.options import MethodsFrom, use_plugins
+
+if TYPE_CHECKING:
+    from modbench.config import RunConfig
+    from modbench.measure.plan import MemoryPlan
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # usage or input error: one line on stderr
@@ -276,31 +280,43 @@ def flops(
                 right=(1, 2, 3, 4), wrap=(0,))
 
 
+# The options of `modbench plan`.
+_PlanPresetOpt = Annotated[list[str] | None, typer.Option(
+    help="Preset (`modbench presets`), repeatable [default: cpu-small].")]
+_PlanMethodOpt = Annotated[list[str] | None, typer.Option(
+    help="Method string, repeatable [default: baseline].")]
+_PlanSpecOpt = Annotated[str | None, typer.Option(
+    help="Plan every scale and method of a study spec (a built-in name or a YAML file) "
+         "instead.")]
+_PlanGpuOpt = Annotated[str, typer.Option(
+    help="Device to plan for: h100-80gb, h100-pcie, h100-nvl, h200, a100-40gb, a100-80gb, "
+         "l40s, b200 or cpu.")]
+_PlanNprocOpt = Annotated[int, typer.Option(help="Processes (GPUs) of the run.")]
+_PlanParallelOpt = Annotated[str | None, typer.Option(
+    help="ddp | fsdp across the processes [default: the config's train.parallel].",
+    show_default=False)]
+_PlanMicroBatchOpt = Annotated[int | None, typer.Option(
+    help="Plan at this micro-batch [default: the largest that fits].",
+    show_default=False)]
+_PlanEnsemblesOpt = Annotated[int, typer.Option(help="Seeds stacked in one process.")]
+_PlanSetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a config key (key=value), repeatable.")]
+_PlanJsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print JSON: one object per (preset, method), every plan field.")]
+
+
 @app.command(name="plan")
 def plan_command(
-    preset: Annotated[list[str] | None, typer.Option(
-        help="Preset (`modbench presets`), repeatable [default: cpu-small].")] = None,
-    method: Annotated[list[str] | None, typer.Option(
-        help="Method string, repeatable [default: baseline].")] = None,
-    spec: Annotated[str | None, typer.Option(
-        help="Plan every scale and method of a study spec (a built-in name or a YAML file) "
-             "instead.")] = None,
-    gpu: Annotated[str, typer.Option(
-        help="Device to plan for: h100-80gb, h100-pcie, h100-nvl, h200, a100-40gb, a100-80gb, "
-             "l40s, b200 or cpu.")] = "h100-80gb",
-    nproc: Annotated[int, typer.Option(help="Processes (GPUs) of the run.")] = 1,
-    parallel: Annotated[str | None, typer.Option(
-        help="ddp | fsdp across the processes [default: the config's train.parallel].",
-        show_default=False)] = None,
-    micro_batch: Annotated[int | None, typer.Option(
-        help="Plan at this micro-batch [default: the largest that fits].",
-        show_default=False)] = None,
-    ensembles: Annotated[int, typer.Option(help="Seeds stacked in one process.")] = 1,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Override a config key (key=value), repeatable.")] = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print JSON: one object per (preset, method), every plan field.")]
-    = False,
+    preset: _PlanPresetOpt = None,
+    method: _PlanMethodOpt = None,
+    spec: _PlanSpecOpt = None,
+    gpu: _PlanGpuOpt = "h100-80gb",
+    nproc: _PlanNprocOpt = 1,
+    parallel: _PlanParallelOpt = None,
+    micro_batch: _PlanMicroBatchOpt = None,
+    ensembles: _PlanEnsemblesOpt = 1,
+    set_: _PlanSetOpt = None,
+    as_json: _PlanJsonOpt = False,
     methods_from: MethodsFrom = None,
 ) -> None:
     """GPU memory of a training process, term by term (fp32 weights, gradients, optimizer
@@ -313,45 +329,16 @@ def plan_command(
 
     Example: modbench plan --spec seed002-3b --nproc 8 --parallel fsdp --json
     """
-    from modbench.config import apply_override, resolve
-    from modbench.measure.plan import check_plannable, gb, plan_or_needs
-    from modbench.methods.build import plan_run
+    from modbench.measure.plan import plan_or_needs
     from modbench.runtime.gpus import lookup
     from modbench.train.recompute import apply_activation_checkpointing
 
     try:
-        # the options by themselves, before a plugin, a spec or a model is loaded
-        if nproc < 1:
-            raise ModbenchError(f"--nproc must be at least 1 (one process a GPU), got {nproc}")
-        if micro_batch is not None and micro_batch < 1:
-            raise ModbenchError(f"--micro-batch must be at least 1 sequence, got {micro_batch}; "
-                                "leave it out to plan the largest that fits")
-        if ensembles < 1:
-            raise ModbenchError(f"--ensembles must be at least 1 (seeds stacked in one "
-                                f"process), got {ensembles}")
-        if parallel is not None and parallel not in ("ddp", "fsdp"):
-            raise ModbenchError(f"--parallel must be ddp or fsdp, got {parallel!r}")
+        _check_plan_options(nproc, micro_batch, ensembles, parallel)
         use_plugins(methods_from)
         device = lookup(gpu)
-        cases: list[Any] = []
-        if spec is not None:
-            from modbench.study.spec import expand, load_spec
-
-            seen: set[tuple[str, str]] = set()
-            for r in expand(load_spec(spec)):
-                if (r.scale, r.method) not in seen:
-                    seen.add((r.scale, r.method))
-                    for item in set_ or []:
-                        apply_override(r.config, item)
-                    check_plannable(r.config)  # absurd shapes, by arithmetic, before a trace
-                    cases.append(r.config)
-        else:
-            for p in preset or ["cpu-small"]:
-                for m in method or ["baseline"]:
-                    cfg = resolve(p, method=m, overrides=list(set_ or []))
-                    check_plannable(cfg)  # absurd shapes, by arithmetic, before a model
-                    plan_run(cfg)  # the method string checked as `train` checks it
-                    cases.append(cfg)
+        cases = (_spec_cases(spec, set_ or []) if spec is not None
+                 else _preset_cases(preset or ["cpu-small"], method or ["baseline"], set_ or []))
         plans = [plan_or_needs(cfg, device, micro_batch=micro_batch, nproc=nproc,
                                parallel=parallel or cfg.train.parallel, ensembles=ensembles,
                                checkpointing=apply_activation_checkpointing)
@@ -363,6 +350,67 @@ def plan_command(
         typer.echo(json.dumps([{**mp.to_json(), "note": note} for mp, note in plans],
                               indent=2))
         return
+    _echo_plans(plans, nproc)
+
+
+def _check_plan_options(nproc: int, micro_batch: int | None, ensembles: int,
+                        parallel: str | None) -> None:
+    """`modbench plan`'s options by themselves, before a plugin, a spec or a model is
+    loaded."""
+    if nproc < 1:
+        raise ModbenchError(f"--nproc must be at least 1 (one process a GPU), got {nproc}")
+    if micro_batch is not None and micro_batch < 1:
+        raise ModbenchError(f"--micro-batch must be at least 1 sequence, got {micro_batch}; "
+                            "leave it out to plan the largest that fits")
+    if ensembles < 1:
+        raise ModbenchError(f"--ensembles must be at least 1 (seeds stacked in one "
+                            f"process), got {ensembles}")
+    if parallel is not None and parallel not in ("ddp", "fsdp"):
+        raise ModbenchError(f"--parallel must be ddp or fsdp, got {parallel!r}")
+
+
+def _spec_cases(spec: str, overrides: list[str]) -> list[RunConfig]:
+    """The config of each (scale, method) of a study spec, with the ``--set`` overrides,
+    checked plannable by arithmetic."""
+    from modbench.config import apply_override
+    from modbench.measure.plan import check_plannable
+    from modbench.study.spec import expand, load_spec
+
+    cases: list[RunConfig] = []
+    seen: set[tuple[str, str]] = set()
+    for r in expand(load_spec(spec)):
+        if (r.scale, r.method) not in seen:
+            seen.add((r.scale, r.method))
+            for item in overrides:
+                apply_override(r.config, item)
+            check_plannable(r.config)  # absurd shapes, by arithmetic, before a trace
+            cases.append(r.config)
+    return cases
+
+
+def _preset_cases(presets: list[str], methods: list[str],
+                  overrides: list[str]) -> list[RunConfig]:
+    """The config of each preset and method, with the ``--set`` overrides, checked plannable
+    by arithmetic and its method string as `train` checks it."""
+    from modbench.config import resolve
+    from modbench.measure.plan import check_plannable
+    from modbench.methods.build import plan_run
+
+    cases: list[RunConfig] = []
+    for p in presets:
+        for m in methods:
+            cfg = resolve(p, method=m, overrides=list(overrides))
+            check_plannable(cfg)  # absurd shapes, by arithmetic, before a model
+            plan_run(cfg)  # the method string checked as `train` checks it
+            cases.append(cfg)
+    return cases
+
+
+def _echo_plans(plans: list[tuple[MemoryPlan, str]], nproc: int) -> None:
+    """`modbench plan`'s table: the device, a row a plan (the terms any plan has), then each
+    plan's note and which plans are estimated."""
+    from modbench.measure.plan import gb
+
     terms = ["weights", "gradients", "optimizer", "activations", "loss", "eval", "ensembles",
              "parallel"]
     shown = [t for t in terms if any(mp.terms.get(t) for mp, _ in plans)]
@@ -385,51 +433,68 @@ def plan_command(
                        f"tensor values ({mp.estimated})")
 
 
+# The options of `modbench bench`.
+_BenchJsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+_BenchMethodsOpt = Annotated[str | None, typer.Option(
+    help="Comma-separated method strings for the overhead table, or 'all' "
+         "[default: one or two per category].")]
+_BenchPresetOpt = Annotated[str | None, typer.Option(
+    help="Preset of the method table [default: cpu-small; tiny with --compile-check].")]
+_BenchHfOpt = Annotated[bool, typer.Option(
+    help="Compare with Hugging Face LlamaForCausalLM (needs transformers).")]
+_BenchHfPresetsOpt = Annotated[str, typer.Option(
+    help="Comma-separated presets of the Hugging Face comparison.")]
+_BenchDeviceOpt = Annotated[str, typer.Option(help="cpu | cuda | cuda:N")]
+_BenchDtypeOpt = Annotated[str, typer.Option(
+    help="auto | fp32 | bf16 (bf16 autocast); auto: bf16 on CUDA, fp32 on the CPU.")]
+_BenchCompileOpt = Annotated[bool | None, typer.Option(
+    help="torch.compile every model [default: on CUDA, not on the CPU].",
+    show_default=False)]
+_BenchMicroBatchOpt = Annotated[int, typer.Option(
+    help="Rows a step of the method table and the trainer (0: the preset's batch on the "
+         "CPU, the memory plan's micro-batch on CUDA).")]
+_BenchTrainerOpt = Annotated[bool | None, typer.Option(
+    help="Also time the trainer's own step (modbench train at the table's shape, with its "
+         "copies, read-backs and validation) [default: on CUDA, not on the CPU].",
+    show_default=False)]
+_BenchTrainerStepsOpt = Annotated[int, typer.Option(
+    help="Timed trainer steps (0: 32 on CUDA, 4 on the CPU).")]
+_BenchRoundsOpt = Annotated[int, typer.Option(help="Interleaved rounds.")]
+_BenchStepsOpt = Annotated[int, typer.Option(help="Timed steps per case per round.")]
+_BenchThreadsOpt = Annotated[int, typer.Option(help="torch threads (0: torch's default).")]
+_BenchProgressOpt = Annotated[bool, typer.Option(help="Show progress bars.")]
+_BenchCompileCheckOpt = Annotated[bool, typer.Option(
+    "--compile-check",
+    help="Instead of timing: count the graphs, graph breaks (with reasons) and recompiles "
+         "torch.compile makes of each method's training forward, with and without "
+         "activation checkpointing (--methods, default all; --preset, default tiny; "
+         "--dtype, --device; one torch thread unless --threads; a backend that generates "
+         "no code). Table, or --json rows.")]
+_BenchCheckpointingOpt = Annotated[bool | None, typer.Option(
+    help="--compile-check: only with (--checkpointing) or only without "
+         "(--no-checkpointing) activation checkpointing [default: both].",
+    show_default=False)]
+
+
 @app.command()
 def bench(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    methods: Annotated[str | None, typer.Option(
-        help="Comma-separated method strings for the overhead table, or 'all' "
-             "[default: one or two per category].")] = None,
-    preset: Annotated[str | None, typer.Option(
-        help="Preset of the method table [default: cpu-small; tiny with --compile-check].")
-    ] = None,
-    hf: Annotated[bool, typer.Option(
-        help="Compare with Hugging Face LlamaForCausalLM (needs transformers).")] = True,
-    hf_presets: Annotated[str, typer.Option(
-        help="Comma-separated presets of the Hugging Face comparison.")] = "cpu-small,llama-60m",
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N")] = "cpu",
-    dtype: Annotated[str, typer.Option(
-        help="auto | fp32 | bf16 (bf16 autocast); auto: bf16 on CUDA, fp32 on the CPU.")
-    ] = "auto",
-    compile: Annotated[bool | None, typer.Option(
-        help="torch.compile every model [default: on CUDA, not on the CPU].",
-        show_default=False)] = None,
-    micro_batch: Annotated[int, typer.Option(
-        help="Rows a step of the method table and the trainer (0: the preset's batch on the "
-             "CPU, the memory plan's micro-batch on CUDA).")] = 0,
-    trainer: Annotated[bool | None, typer.Option(
-        help="Also time the trainer's own step (modbench train at the table's shape, with its "
-             "copies, read-backs and validation) [default: on CUDA, not on the CPU].",
-        show_default=False)] = None,
-    trainer_steps: Annotated[int, typer.Option(
-        help="Timed trainer steps (0: 32 on CUDA, 4 on the CPU).")] = 0,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 5,
-    steps: Annotated[int, typer.Option(help="Timed steps per case per round.")] = 2,
-    threads: Annotated[int, typer.Option(help="torch threads (0: torch's default).")] = 0,
-    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
-    compile_check: Annotated[bool, typer.Option(
-        "--compile-check",
-        help="Instead of timing: count the graphs, graph breaks (with reasons) and recompiles "
-             "torch.compile makes of each method's training forward, with and without "
-             "activation checkpointing (--methods, default all; --preset, default tiny; "
-             "--dtype, --device; one torch thread unless --threads; a backend that generates "
-             "no code). Table, or --json rows.")
-    ] = False,
-    checkpointing: Annotated[bool | None, typer.Option(
-        help="--compile-check: only with (--checkpointing) or only without "
-             "(--no-checkpointing) activation checkpointing [default: both].",
-        show_default=False)] = None,
+    as_json: _BenchJsonOpt = False,
+    methods: _BenchMethodsOpt = None,
+    preset: _BenchPresetOpt = None,
+    hf: _BenchHfOpt = True,
+    hf_presets: _BenchHfPresetsOpt = "cpu-small,llama-60m",
+    device: _BenchDeviceOpt = "cpu",
+    dtype: _BenchDtypeOpt = "auto",
+    compile: _BenchCompileOpt = None,
+    micro_batch: _BenchMicroBatchOpt = 0,
+    trainer: _BenchTrainerOpt = None,
+    trainer_steps: _BenchTrainerStepsOpt = 0,
+    rounds: _BenchRoundsOpt = 5,
+    steps: _BenchStepsOpt = 2,
+    threads: _BenchThreadsOpt = 0,
+    progress: _BenchProgressOpt = True,
+    compile_check: _BenchCompileCheckOpt = False,
+    checkpointing: _BenchCheckpointingOpt = None,
     methods_from: MethodsFrom = None,
 ) -> None:
     """Train-step speed, measured side by side in one process: the modbench baseline against
@@ -447,17 +512,10 @@ def bench(
 
     Example: modbench bench --compile-check --methods baseline,moe --json
     """
-    from modbench.measure.bench import DEFAULT_METHODS, markdown, run_bench
-    from modbench.methods import load_all
-    from modbench.methods.base import split_top
+    from modbench.measure.bench import markdown, run_bench
 
     use_plugins(methods_from)
-    if methods == "all" or (compile_check and not methods):
-        names: list[str] | None = ["baseline", *sorted(load_all())]
-    elif methods:
-        names = [m.strip() for m in split_top(methods, ",") if m.strip()]
-    else:
-        names = list(DEFAULT_METHODS)
+    names = _bench_methods(methods, compile_check)
     if compile_check:
         _compile_check(names or [], preset=preset or "tiny", checkpointing=checkpointing,
                        dtype=dtype, device=device, as_json=as_json, progress=progress,
@@ -470,6 +528,20 @@ def bench(
                        threads=threads, progress=progress, micro_batch=micro_batch,
                        trainer=trainer, trainer_steps=trainer_steps)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+
+
+def _bench_methods(methods: str | None, compile_check: bool) -> list[str]:
+    """The methods `modbench bench` measures: every registered one for 'all' (and by default
+    with --compile-check), the --methods list, else one or two per category."""
+    from modbench.measure.bench import DEFAULT_METHODS
+    from modbench.methods import load_all
+    from modbench.methods.base import split_top
+
+    if methods == "all" or (compile_check and not methods):
+        return ["baseline", *sorted(load_all())]
+    if methods:
+        return [m.strip() for m in split_top(methods, ",") if m.strip()]
+    return list(DEFAULT_METHODS)
 
 
 def _compile_check(names: list[str], *, preset: str, checkpointing: bool | None, dtype: str,
