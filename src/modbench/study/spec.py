@@ -25,6 +25,11 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
       key: recipe.lr                  # a run config key
       grid: [1e-3, 3e-3]              # its values tried for every scale and method
       seeds: [100]                    # tuning seeds, disjoint from every verdict seed
+    lr_profile:                       # optional: every method at every rate of a grid
+      grid: [0.25, 0.5, 1, 2, 4]      # multipliers of each run's recipe.lr (or rates: [...])
+      seeds: [0, 1, 2]                # the profile's seeds (default: seeds.default)
+      select_seeds: [100]             # optional: each method's best rate chosen on these
+      tolerance: 0.02                 # the near-best basin: within this of the best loss
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
@@ -125,6 +130,23 @@ class TuningSpec:
     seeds: list[int] = field(default_factory=lambda: [100])
 
 
+@dataclass
+class LrProfileSpec:
+    """``lr_profile``: every method (the baseline too) at every rate of a grid, on ``seeds``
+    (None: ``seeds.default``): ``grid`` multiplies each run's own ``recipe.lr``, or ``rates``
+    gives the rates themselves. ``select_seeds`` (optional, disjoint from ``seeds``): each
+    method's best rate is chosen on them, for the verdict at each method's own best rate.
+    ``tolerance``: the near-best basin holds the rates whose mean loss is within it of the
+    best (loss units). :mod:`modbench.study.stages.profile`; docs/studies.md, "Learning-rate
+    profiles"."""
+
+    grid: list[float] | None = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
+    rates: list[float] | None = None
+    seeds: list[int] | None = None
+    select_seeds: list[int] = field(default_factory=list)
+    tolerance: float = 0.02
+
+
 #: keys a tuning block may not tune: what identifies a run, or what changes no result
 UNTUNABLE = ("seed", "preset", "model.method")
 
@@ -143,6 +165,7 @@ class StudySpec:
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     claim: ClaimSpec | None = None
     tuning: TuningSpec | None = None
+    lr_profile: LrProfileSpec | None = None
     # plugins the study's methods come from (modbench.methods.plugins): .py files, package
     # folders (relative to the spec's file) or module names; recorded absolute in the study
     # folder's spec.yaml, so `study status`/`report` load them, and every worker imports them
@@ -312,6 +335,8 @@ def check_spec(spec: StudySpec) -> None:
         check_task_files(expand_tasks(files)[1], ev.trust_task_code)
     if spec.tuning is not None:
         _check_tuning(spec.tuning, sd)
+    if spec.lr_profile is not None:
+        _check_lr_profile(spec.lr_profile, sd)
 
 
 def _check_tuning(t: TuningSpec, sd: Seeds) -> None:
@@ -332,6 +357,39 @@ def _check_tuning(t: TuningSpec, sd: Seeds) -> None:
         raise ModbenchError(f"tuning.seeds shares seed(s) {shared} with the verdict seeds "
                             "(seeds.default, seeds.noise_floor); give the tuning seeds of "
                             "their own, e.g. [100]")
+
+
+def _positive_numbers(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < float("inf")
+        for x in v) and len(set(v)) == len(v)
+
+
+def _check_lr_profile(lp: LrProfileSpec, sd: Seeds) -> None:
+    """The lr_profile block: a grid of distinct positive multipliers or of rates (one of
+    them), profile seeds, selection seeds of their own, and a positive tolerance."""
+    if (lp.grid is None) == (lp.rates is None):
+        raise ModbenchError("lr_profile takes one of grid (multipliers of each run's "
+                            "recipe.lr, e.g. [0.5, 1, 2]) or rates (e.g. [1e-3, 3e-3]); got "
+                            + ("both" if lp.grid is not None else "neither"))
+    which = "grid" if lp.grid is not None else "rates"
+    _want(_positive_numbers(lp.grid if lp.grid is not None else lp.rates), f"lr_profile.{which}",
+          "a list of at least two distinct positive numbers", getattr(lp, which))
+    _want(len(getattr(lp, which)) >= 2, f"lr_profile.{which}",
+          "a list of at least two distinct positive numbers", getattr(lp, which))
+    _want(lp.seeds is None or _seed_list(lp.seeds, empty=False), "lr_profile.seeds",
+          f"a non-empty list of whole numbers from 0 to {MAX_SEED}, or null", lp.seeds)
+    _want(_seed_list(lp.select_seeds), "lr_profile.select_seeds",
+          f"a list of whole numbers from 0 to {MAX_SEED}", lp.select_seeds)
+    _want(isinstance(lp.tolerance, int | float) and not isinstance(lp.tolerance, bool)
+          and 0 < lp.tolerance < float("inf"), "lr_profile.tolerance",
+          "a positive loss difference, e.g. 0.02", lp.tolerance)
+    shared = sorted(set(lp.select_seeds) & set(lp.seeds or sd.default))
+    if shared:
+        raise ModbenchError(f"lr_profile.select_seeds shares seed(s) {shared} with the "
+                            "profile's seeds (lr_profile.seeds, else seeds.default); the best "
+                            "rate is chosen on seeds the verdict does not use: give "
+                            "select_seeds of their own, e.g. [100]")
 
 
 def tuning_grid(key: str, grid: list[Any]) -> list[Any]:
@@ -365,8 +423,8 @@ def _build(cls: Any, tree: dict[str, Any], prefix: str) -> Any:
             raise ModbenchError(f"unknown study key '{key}'{suggest(str(k), fields)}; "
                                 "see docs/studies.md")
         sub = {"seeds": Seeds, "data": DataSpec, "evaluation": EvalSpec,
-               "claim": ClaimSpec, "tuning": TuningSpec}.get(k)
-        if k in ("claim", "tuning") and v is None and not prefix:
+               "claim": ClaimSpec, "tuning": TuningSpec, "lr_profile": LrProfileSpec}.get(k)
+        if k in ("claim", "tuning", "lr_profile") and v is None and not prefix:
             kwargs[k] = None  # none (how spec.yaml records a spec without one)
         elif cls is EvalSpec and k == "diagnostics":
             kwargs[k] = _diagnostics_spec(v)

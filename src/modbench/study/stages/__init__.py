@@ -1,12 +1,13 @@
 """A study as stages (:mod:`modbench.study.stages.base`): the study's own runs
 (:mod:`~modbench.study.stages.frozen`), the group-sequential looks of ``--until-decided``
-(:mod:`~modbench.study.stages.sequential`), and a ``tuning`` block's tuning and tuned stages
-(:mod:`~modbench.study.stages.tuning`), in the order they run. The runner, the dry run,
+(:mod:`~modbench.study.stages.sequential`), a ``tuning`` block's tuning and tuned stages
+(:mod:`~modbench.study.stages.tuning`) and an ``lr_profile`` block's learning-rate profile
+(:mod:`~modbench.study.stages.profile`), in the order they run. The runner, the dry run,
 ``study status`` and the report ask :func:`stages_for`; a new kind of stage is one module here
 with ``register(MyStage)`` at its end, and one import line below.
 """
 
-from modbench.study.stages import frozen, sequential, tuning
+from modbench.study.stages import frozen, profile, sequential, tuning
 from modbench.study.stages.base import (
     RunSettings,
     Session,
@@ -17,5 +18,5 @@ from modbench.study.stages.base import (
     stages_for,
 )
 
-__all__ = ["RunSettings", "Session", "Stage", "StatusPart", "frozen", "kinds", "register",
-           "sequential", "stages_for", "tuning"]
+__all__ = ["RunSettings", "Session", "Stage", "StatusPart", "frozen", "kinds", "profile",
+           "register", "sequential", "stages_for", "tuning"]

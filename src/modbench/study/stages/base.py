@@ -9,8 +9,8 @@ run_study`), the dry run (:func:`modbench.study.plan.plan_study`), ``study statu
 report (:func:`modbench.study.reporting.write_study_report`) ask the stages
 (:func:`stages_for`); none of them branches on a kind of study.
 
-Adding a stage: a module with a :class:`Stage` subclass and ``register(MyStage)`` at its end,
-imported in :mod:`modbench.study.stages`; the registry keeps the order stages run in.
+Adding a stage: a module with a :class:`Stage` subclass (its ``name``, and its ``order`` among
+the stages) and ``register(MyStage)`` at its end, imported in :mod:`modbench.study.stages`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class Stage:
     docstring. Subclasses set :attr:`name` and override what they do."""
 
     name: ClassVar[str] = ""
+    #: where it runs among the stages (lower first; a tie: the earlier registered)
+    order: ClassVar[float] = 100.0
 
     def __init__(self, spec: StudySpec, out: Path, settings: RunSettings) -> None:
         self.spec, self.out, self.settings = spec, Path(out), settings
@@ -110,7 +112,7 @@ _KINDS: list[type[Stage]] = []
 
 
 def register(kind: type[Stage]) -> type[Stage]:
-    """Add a stage kind after those registered before it (the order stages run in)."""
+    """Add a stage kind; the stages run by their :attr:`Stage.order`."""
     if not kind.name or any(k.name == kind.name for k in _KINDS):
         raise ValueError(f"a stage kind needs a name of its own, got {kind.name!r}")
     _KINDS.append(kind)
@@ -119,7 +121,7 @@ def register(kind: type[Stage]) -> type[Stage]:
 
 def kinds() -> list[type[Stage]]:
     """The registered stage kinds, in the order they run."""
-    return list(_KINDS)
+    return sorted(_KINDS, key=lambda k: k.order)
 
 
 def stages_for(spec: StudySpec, out: str | Path, settings: RunSettings | None = None
@@ -127,7 +129,7 @@ def stages_for(spec: StudySpec, out: str | Path, settings: RunSettings | None = 
     """The stages of a study of ``spec`` in ``out`` run with ``settings`` (default: as
     ``status`` and the report see a study: from its spec and folder)."""
     settings = settings or RunSettings()
-    return [k(spec, Path(out), settings) for k in _KINDS if k.applies(spec, Path(out), settings)]
+    return [k(spec, Path(out), settings) for k in kinds() if k.applies(spec, Path(out), settings)]
 
 
 def hours(flops: float, rate: Throughput | None) -> float | None:

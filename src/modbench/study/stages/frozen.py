@@ -11,6 +11,7 @@ from modbench.study.stages.base import Session, Stage, StatusPart, register
 
 class FrozenStage(Stage):
     name = "frozen"
+    order = 0
 
     def runs(self) -> list[RunSpec]:
         given = self.settings.runs

@@ -31,6 +31,7 @@ from modbench.study.stages.base import (
 
 class SequentialStage(Stage):
     name = "sequential"
+    order = 10
 
     @classmethod
     def applies(cls, spec: StudySpec, out: Path, settings: RunSettings) -> bool:

@@ -195,6 +195,7 @@ class TuningStage(Stage):
     run, in ``STUDY/tuning/``; then each (scale, method)'s best value, ``best.json``."""
 
     name = "tuning"
+    order = 20
 
     @classmethod
     def applies(cls, spec: StudySpec, out: Path, settings: RunSettings) -> bool:
@@ -245,6 +246,7 @@ class TunedStage(Stage):
     "Frozen versus tuned" section."""
 
     name = "tuned"
+    order = 30
 
     @classmethod
     def applies(cls, spec: StudySpec, out: Path, settings: RunSettings) -> bool:
