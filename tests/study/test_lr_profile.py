@@ -27,13 +27,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 GRID = [0.5, 1.0, 4.0]
 
 
-def write_spec(tmp_path: Path, **profile: Any) -> Path:
+def write_spec(tmp_path: Path, claim: dict[str, Any] | None = None, **profile: Any) -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({
         "name": "prof", "baseline": "baseline", "methods": ["qknorm"],
         "seeds": {"default": [0, 1], "noise_floor": [0, 1], "anchors": []},
         "scales": ["tiny"], "overrides": ["train.steps=12", "train.eval_every=6"],
         "evaluation": {"probes": False},
+        "claim": claim or {"source": "Wortsman et al. 2023, arXiv:2309.14322",
+                           "text": "QK-layernorm lowers learning-rate sensitivity.",
+                           "expect": {"qknorm": ["less_sensitive"]}},
         "lr_profile": {"grid": GRID, **profile}}))
     return path
 
@@ -103,12 +106,54 @@ def test_a_profile_runs_end_to_end_and_its_sensitivity_is_the_hand_computation(
     assert data["rule"]["alpha"] == 0.05
 
 
+def test_a_sensitivity_claim_is_judged_by_the_profiles_verdict(profiled: Path) -> None:
+    from modbench.study.results import load_results
+
+    per = json.loads((profiled / PROFILE_DIR / PROFILE_FILE).read_text())["scales"]["tiny"]
+    verdict = next(v["verdict"] for v in per["sensitivity"] if v["method"] == "qknorm")
+    claim = load_results(profiled).claim
+    assert claim is not None
+    (row,) = claim.rows
+    assert (row.method, row.verdict) == ("qknorm", verdict)
+    assert row.outcome == {"less_sensitive": "agrees", "more_sensitive": "contradicts"}.get(
+        verdict, "not shown")
+
+
+def test_sensitivity_forms_against_the_profiles_verdicts() -> None:
+    from modbench.analysis.results import check_claim
+    from modbench.analysis.stats import compare
+
+    comparisons = {"tiny": compare({"baseline": {0: 4.0, 1: 4.1, 2: 4.05},
+                                    "a": {0: 4.0, 1: 4.1, 2: 4.05},
+                                    "b": {0: 4.0, 1: 4.1, 2: 4.05}}, "baseline",
+                                   higher_is_better=False)}
+    expect = {"a": ["less_sensitive"], "b": ["less_sensitive"]}
+    sens = {"tiny": {"a": "less_sensitive", "b": "more_sensitive"}}
+    rows = {r.method: r for r in check_claim(comparisons, expect, sensitivity=sens).rows}
+    assert (rows["a"].outcome, rows["a"].verdict) == ("agrees", "less_sensitive")
+    assert (rows["b"].outcome, rows["b"].verdict) == ("contradicts", "more_sensitive")
+    shown = check_claim(comparisons, expect, sensitivity={"tiny": {"a": "not_shown"}}).rows
+    assert [r.outcome for r in shown] == ["not shown", "not run"]
+    assert [r.outcome for r in check_claim(comparisons, expect).rows] == ["not run"] * 2
+    mixed = check_claim(comparisons, {"a": ["improver", "less_sensitive"]}, sensitivity=sens)
+    assert mixed.rows[0].outcome == "agrees" and mixed.rows[0].verdict == "within_noise"
+
+
+def test_a_sensitivity_claim_needs_a_profile(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "methods": ["qknorm"], "scales": ["tiny"],
+                                    "claim": {"expect": {"qknorm": ["less_sensitive"]}}}))
+    with pytest.raises(ModbenchError, match="less_sensitive judges a learning-rate profile"):
+        load_spec(path)
+
+
 def test_the_report_has_the_figure_the_table_and_a_sentence(profiled: Path) -> None:
     md = (profiled / "report" / "report.md").read_text()
     assert "## Learning-rate profile" in md
     assert (profiled / "report" / "lr_profile_tiny.png").stat().st_size > 1000
     assert "| method | best rate | best loss | sensitivity | vs baseline |" in md
-    line = next(x for x in md.splitlines() if x.startswith("- `qknorm` "))
+    section = md.split("## Learning-rate profile")[1]
+    line = next(x for x in section.splitlines() if x.startswith("- `qknorm` "))
     assert ("improves" in line or "degrades" in line or "no decided difference" in line)
     assert "sensitiv" in line
 

@@ -299,6 +299,10 @@ VERDICT_NAMES: Final = ("improver", "within_noise", "degrader", "diverged", "sta
 #: ``worse`` (shown a degrader, or failing more often), ``not_worse(MARGIN)`` and
 #: ``equivalent(MARGIN)``, MARGIN in the metric's units (``0.02``) or sigmas (``1σ``).
 CLAIM_FORMS: Final = ("better", "worse", "not_worse(MARGIN)", "equivalent(MARGIN)")
+#: The forms a claim may expect of a method's learning-rate sensitivity (a spec's
+#: ``lr_profile``): judged against the profile's sensitivity verdict, not the frozen verdict
+#: (:func:`modbench.analysis.profile.sensitivity_verdicts`).
+SENSITIVITY_FORMS: Final = ("less_sensitive", "more_sensitive")
 _FAILED = ("diverged", "stalled")
 _MARGIN_FORM = re.compile(r"^\s*(not_worse|equivalent)\s*\(\s*(.*?)\s*\)\s*$")
 _MARGIN = re.compile(r"^([0-9][0-9eE+\-.]*)\s*(σ|sigma|sigmas)?$", re.IGNORECASE)
@@ -323,7 +327,7 @@ def parse_expectation(text: str, where: str = "claim.expect") -> Expectation:
     """A claim's expected outcome: a verdict name (:data:`VERDICT_NAMES`) or one of
     :data:`CLAIM_FORMS`; anything else is refused in one line."""
     t = str(text).strip()
-    if t in VERDICT_NAMES or t in ("better", "worse"):
+    if t in VERDICT_NAMES or t in ("better", "worse") or t in SENSITIVITY_FORMS:
         return Expectation(t)
     m = _MARGIN_FORM.match(t)
     if m:
@@ -338,7 +342,8 @@ def parse_expectation(text: str, where: str = "claim.expect") -> Expectation:
                                 f"metric's units or in sigmas, e.g. {kind}(0.02) or {kind}(1σ)")
         return Expectation(kind, value, bool(mm and mm.group(2)))
     raise ModbenchError(f"{where}: unknown verdict {t!r}; use a verdict "
-                        f"({', '.join(VERDICT_NAMES)}) or {', '.join(CLAIM_FORMS)}")
+                        f"({', '.join(VERDICT_NAMES)}), {', '.join(CLAIM_FORMS)}, or, with an "
+                        f"lr_profile block, {' or '.join(SENSITIVITY_FORMS)}")
 
 
 @dataclass(frozen=True)
@@ -464,28 +469,54 @@ def judge_expectation(result: MethodResult, exp: Expectation,
 
 
 def check_claim(comparisons: Mapping[str, Sequence[MethodResult]], expect: dict[str, list[str]],
-                source: str = "", text: str = "") -> ClaimCheck:
+                source: str = "", text: str = "",
+                sensitivity: Mapping[str, Mapping[str, str]] | None = None) -> ClaimCheck:
     """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
     against the outcomes ``expect`` lists for it (verdict names or :data:`CLAIM_FORMS`,
-    judged by :func:`judge_expectation`): the row agrees when some entry agrees, contradicts
-    when every entry contradicts, else is not shown; a method without a finished run is not
-    run."""
+    judged by :func:`judge_expectation`; :data:`SENSITIVITY_FORMS` by
+    :func:`judge_sensitivity` against ``sensitivity``, the learning-rate profile's verdicts,
+    scale -> method -> verdict): the row agrees when some entry agrees, contradicts when every
+    entry contradicts, else is not shown; a method without a finished run is not run."""
     rows: list[ClaimRow] = []
     for scale, results in comparisons.items():
         by_method = {r.method: r for r in results}
+        profile = (sensitivity or {}).get(scale)
         for method, expected in expect.items():
             if method not in by_method:
                 rows.append(ClaimRow(scale, method, "missing", tuple(expected), "not run"))
                 continue
             r = by_method[method]
-            judged = [judge_expectation(r, parse_expectation(e), expected) for e in expected]
+            parsed = [parse_expectation(e) for e in expected]
+            judged = [judge_sensitivity(profile, method, e) if e.kind in SENSITIVITY_FORMS
+                      else judge_expectation(r, e, expected) for e in parsed]
             outcomes = [o for o, _ in judged]
             outcome = ("agrees" if "agrees" in outcomes
                        else "contradicts" if all(o == "contradicts" for o in outcomes)
+                       else "not run" if all(o == "not run" for o in outcomes)
                        else "not shown")
             why = next((w for o, w in judged if o == outcome and w), "")
-            rows.append(ClaimRow(scale, method, str(r.verdict), tuple(expected), outcome, why))
+            shown = str(r.verdict)
+            if all(e.kind in SENSITIVITY_FORMS for e in parsed):
+                shown = (profile or {}).get(method, "no profile")
+            rows.append(ClaimRow(scale, method, shown, tuple(expected), outcome, why))
     return ClaimCheck(source, text, rows)
+
+
+def judge_sensitivity(profile: Mapping[str, str] | None, method: str, exp: Expectation
+                      ) -> tuple[str, str]:
+    """A sensitivity form (``less_sensitive`` / ``more_sensitive``) against the method's
+    sensitivity verdict at the scale (``profile``: method -> verdict; None: no profile ran):
+    agrees when it is the expected one, contradicts when it is the other, not shown when the
+    verdict decided neither (``not_shown``, ``undetermined``, a failure), not run without a
+    profile."""
+    if profile is None or method not in profile:
+        return "not run", "no learning-rate profile of it (the spec's lr_profile block)"
+    verdict = profile[method]
+    if verdict == exp.kind:
+        return "agrees", ""
+    if verdict in SENSITIVITY_FORMS:
+        return "contradicts", f"the profile shows it {verdict.replace('_', ' ')}"
+    return "not shown", f"the profile's sensitivity verdict is {verdict.replace('_', ' ')}"
 
 
 @dataclass

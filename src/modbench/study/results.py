@@ -88,6 +88,18 @@ def load_spec_of(folder: str | Path) -> StudySpec | None:
     return load_spec(path) if path.is_file() else None
 
 
+def sensitivity_verdicts_of(folder: str | Path) -> dict[str, dict[str, str]] | None:
+    """The learning-rate profile's sensitivity verdicts of a study (scale -> method ->
+    verdict, ``lr_profile/profile.json``), None when it has no finished profile."""
+    from modbench.report.profile import read_profile
+
+    data = read_profile(folder)
+    if data is None:
+        return None
+    return {scale: {v["method"]: v["verdict"] for v in per.get("sensitivity", [])}
+            for scale, per in data.get("scales", {}).items()}
+
+
 def method_flops(spec: StudySpec, scale: str, method: str, seed: int = 0) -> MethodFlops:
     """Training FLOPs per token and the FLOPs ratio of ``method`` at ``scale``, from the run
     config the spec gives it."""
@@ -119,8 +131,8 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
         if r.method not in per_scale:
             per_scale[r.method] = method_flops(spec, r.scale, r.method, r.seed)
     comparisons = compare_scales(rows, spec.baseline, metric, anchors)
-    claim = (check_claim(comparisons, spec.claim.expect, spec.claim.source, spec.claim.text)
-             if spec.claim else None)
+    claim = (check_claim(comparisons, spec.claim.expect, spec.claim.source, spec.claim.text,
+                         sensitivity=sensitivity_verdicts_of(root)) if spec.claim else None)
     return StudyResults(
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
         metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,

@@ -337,6 +337,12 @@ def check_spec(spec: StudySpec) -> None:
         _check_tuning(spec.tuning, sd)
     if spec.lr_profile is not None:
         _check_lr_profile(spec.lr_profile, sd)
+    wanted = sorted({e for es in (spec.claim.expect if spec.claim else {}).values() for e in es
+                     if str(e).strip() in ("less_sensitive", "more_sensitive")})
+    if wanted and spec.lr_profile is None:
+        raise ModbenchError(f"claim.expect's {', '.join(wanted)} judges a learning-rate "
+                            "profile: add an lr_profile block (docs/studies.md, Learning-rate "
+                            "profiles), or expect a verdict")
 
 
 def _check_tuning(t: TuningSpec, sd: Seeds) -> None:
@@ -468,8 +474,9 @@ def _diagnostics_spec(tree: Any) -> DiagnosticsSpec | None:
 
 def _claim_expectations(tree: Any) -> dict[str, list[str]]:
     """``claim.expect``: method -> a verdict or a list of verdicts that agree with the claim."""
-    from modbench.analysis.results import CLAIM_FORMS, parse_expectation
+    from modbench.analysis.results import CLAIM_FORMS, SENSITIVITY_FORMS, parse_expectation
 
+    forms = f"{', '.join(VERDICTS)}, {', '.join(CLAIM_FORMS)} or {', '.join(SENSITIVITY_FORMS)}"
     if not isinstance(tree, dict):
         raise ModbenchError("study key 'claim.expect' must map methods to verdicts, e.g. "
                             "{post_ln: [stalled, diverged]}")
@@ -481,11 +488,11 @@ def _claim_expectations(tree: Any) -> dict[str, list[str]]:
         for v in vs:
             if not isinstance(v, str):
                 raise ModbenchError(f"claim.expect.{method}: {v!r} is not a verdict; use "
-                                    f"{', '.join(VERDICTS)} or {', '.join(CLAIM_FORMS)}")
-            if v not in VERDICTS and "(" not in v and v not in CLAIM_FORMS[:2]:
+                                    f"{forms}")
+            plain = (*VERDICTS, *CLAIM_FORMS[:2], *SENSITIVITY_FORMS)
+            if v not in plain and "(" not in v:
                 raise ModbenchError(f"claim.expect.{method}: unknown verdict {v!r}"
-                                    f"{suggest(v, (*VERDICTS, 'better', 'worse'))}; use "
-                                    f"{', '.join(VERDICTS)} or {', '.join(CLAIM_FORMS)}")
+                                    f"{suggest(v, plain)}; use {forms}")
             parse_expectation(v, f"claim.expect.{method}")  # margins: one line if wrong
         out[str(method)] = [str(v) for v in vs]
     return out
