@@ -250,6 +250,10 @@ class TrainConfig:
     # shorter compilation for deep models, and the unit FSDP2 shards)
     compile: bool | str = "auto"
     threads: int = 0  # torch intra-op threads on CPU; 0 leaves torch's default
+    # torch's oneDNN (mkldnn) CPU kernels; false turns them off for the run
+    # (torch.backends.mkldnn.flags): other kernels, another summation order (a replication
+    # factor: `modbench study replicate --change onednn`)
+    onednn: bool = True
     # Initial weights for a fresh start (ignored on --resume): a run folder or a checkpoint
     # file; methods may map the weights onto new shapes (TokenFormer growth).
     init_from: str | None = None
@@ -349,6 +353,8 @@ class TrainConfig:
         if self.eval_probes < 0:
             raise ModbenchError(f"train.eval_probes must be 0 (off) or a number of items, got "
                                 f"{self.eval_probes}")
+        if not isinstance(self.onednn, bool):
+            raise ModbenchError(f"train.onednn must be true or false, got {self.onednn!r}")
         if self.compile not in COMPILE or (self.compile in (0, 1)
                                            and not isinstance(self.compile, bool)):
             raise ModbenchError(f"train.compile must be auto, true, false or blocks, got "

@@ -133,7 +133,7 @@ def extra_stage(monkeypatch: pytest.MonkeyPatch) -> type[Stage]:
 
 def test_the_stages_run_in_their_registered_order() -> None:
     assert [k.name for k in stages.kinds()] == [
-        "frozen", "sequential", "tuning", "tuned", "lr_profile"]
+        "frozen", "sequential", "tuning", "tuned", "lr_profile", "replication"]
     spec = load_spec("smoke-tiny")
     assert [s.name for s in stages.stages_for(spec, Path("nowhere"))] == ["frozen"]
     seq = stages.stages_for(spec, Path("nowhere"), stages.RunSettings(until_decided=4))

@@ -90,6 +90,7 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         # issue 27: how a run fits and survives on a cluster, at their defaults
         assert before["train"].pop("dist_timeout") == 1800.0  # an execution key
         assert before["train"].pop("device_memory_gb") is None
+        assert before["train"].pop("onednn") is True  # issue 45: a replication factor
         # the stall stop's looks (studies: every 100 steps) where every validation is a look
         # anyway (here no validation before the end): hashed as before the key
         assert before["train"].pop("stop_stalled_every") == 100

@@ -462,6 +462,47 @@ def _prediction(folder: Path, shape: str, gpu_type: str | None, mfu: float | Non
     return "\n".join(lines)
 
 
+@study_app.command("replicate")
+def replicate(
+    folder: Annotated[Path, typer.Argument(help="A finished study folder.")],
+    change: Annotated[list[str], typer.Option(
+        help="The factor to change, FACTOR[=VALUE], repeatable: seeds[=OFFSET], "
+             "data-order[=SEED], dtype[=bf16|fp32], compile[=true|false], threads[=N], "
+             "onednn[=off|on]. Example: --change threads=2 --change onednn.")],
+    workers: WorkersOption = None,
+    executor: ExecutorOption = "local",
+    report: ReportOption = True,
+    progress: ProgressOption = True,
+    methods_from: MethodsFrom = None,
+) -> None:
+    """Re-run every method with a decided verdict, and the baseline, with one factor changed,
+    and say which verdicts replicate (into FOLDER/replicate/<change>/; the report's
+    "Replication" section). Thread count and oneDNN change only the order of sums: a verdict
+    that does not replicate under them depends on the machine.
+
+    Example: modbench study replicate studies/builtin-cpu --change threads=2 --change onednn
+    """
+    from modbench.study.runner import replicate_study
+
+    use_plugins(methods_from)
+    c = replicate_study(folder, change, executor=executor, workers=workers, progress=progress)
+    _say_counts(folder.name + " (replication)", folder, c, False)
+    from modbench.report.replication import read_replications
+
+    wanted = {ch.replace("=", "-") for ch in change}
+    for data in read_replications(folder):
+        if data["change"].replace("=", "-") in wanted:
+            typer.echo(f"replication under {data['change']}: {data['replicated']} of "
+                       f"{data['verdicts']} decided verdicts replicate")
+    if report:
+        from modbench.study.reporting import write_study_report
+
+        written = write_study_report(folder)
+        typer.echo(f"report: {written / 'report.md'} and {written / 'report.html'}")
+    if c["failed"]:
+        raise typer.Exit(1)
+
+
 @study_app.command("validate")
 def validate(spec: Annotated[str, typer.Argument(help="Spec YAML file or built-in name.")],
              methods_from: MethodsFrom = None) -> None:

@@ -20,7 +20,7 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               ensembles: str = "auto", progress: bool = True,
               options: Mapping[str, Any] | None = None,
               spending: str = "obrien_fleming",
-              runs: list[RunSpec] | None = None) -> dict[str, Any]:
+              runs: list[RunSpec] | None = None,
+              replicate: Sequence[str] = ()) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``, stage by stage
     (:mod:`modbench.study.stages`): the study's own runs; with ``until_decided=N`` the seeds a
     group-sequential design adds, up to N per group (Lan–DeMets ``spending``:
@@ -149,7 +150,9 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     executor runs every stage. ``workers``: parallel worker processes of the local executor
     (None: :func:`auto_workers`). ``ensembles``: whether a method's seeds at a scale train
     stacked in one process (:func:`use_ensembles`; methods that cannot stack train seed by
-    seed). ``runs``: these runs instead of the spec's own.
+    seed). ``runs``: these runs instead of the spec's own. ``replicate``: run only the
+    replication of the (finished) study under these changes (``study replicate --change``,
+    :mod:`modbench.study.stages.replication`).
     """
     check_until_decided(until_decided)
     check_spending(spending)
@@ -158,7 +161,9 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         from modbench.methods.plugins import load_plugins
 
         spec.methods_from = [p.ref for p in load_plugins(spec.methods_from)]
-    stages = stages_for(spec, out, RunSettings(until_decided, spending, runs))
+    stages = stages_for(spec, out, RunSettings(
+        until_decided, spending, runs, replicate=tuple(replicate),
+        only=("replication",) if replicate else None))
     check_study_run(spec, stages[0].runs() or [], until_decided)
     for stage in stages:
         stage.check()
@@ -182,6 +187,26 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
         ex.close()
         restore_env()
     return session.counts
+
+
+def replicate_study(folder: str | Path, changes: Sequence[str], **options: Any
+                    ) -> dict[str, Any]:
+    """Replicate the finished study in ``folder`` under each of ``changes`` (``threads=2``,
+    ``onednn``, ...; :data:`modbench.study.stages.replication.FACTORS`), with its recorded
+    spec; ``options``: :func:`run_study`'s (executor, workers, progress, ...)."""
+    from modbench.study.results import check_study_folder, load_spec_of
+    from modbench.study.stages.replication import parse_change
+
+    if not changes:
+        raise ModbenchError("give at least one --change FACTOR (e.g. --change threads=2)")
+    for c in changes:
+        parse_change(c)
+    check_study_folder(Path(folder))
+    spec = load_spec_of(folder)
+    if spec is None:
+        raise ModbenchError(f"{folder} has no spec.yaml to replicate; run `modbench study "
+                            "run` on it first")
+    return run_study(spec, folder, replicate=list(changes), **options)
 
 
 class StudySession:

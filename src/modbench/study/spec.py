@@ -509,6 +509,8 @@ _NEW_KEY_DEFAULTS: dict[tuple[str, str], object] = {
     ("train", "activation_checkpointing"): False,
     # the memory train.micro_batch_size=auto plans against (measure.plan)
     ("train", "device_memory_gb"): None,
+    # the oneDNN switch (a replication factor): on, as every run before it trained
+    ("train", "onednn"): True,
     # stall detection only labels a finished run; a store's runs from before it keep their
     # keys, and the report applies the rule to them (modbench.runtime.stall.judge_run_folder)
     ("train", "stall_margin"): 0.1,

@@ -371,15 +371,18 @@ class Trainer:
         return summaries
 
     def _open_run(self) -> contextlib.ExitStack:
-        """Set the thread count, catch the stop signals (SIGUSR1/SIGUSR2/SIGTERM from SLURM,
-        submitit or torchrun: save the step and stop) and set :attr:`step` to where training
-        starts (0, or a checkpoint's step); a failure here ends the process group as the loop's
-        own does. Returns the signals' context, closed last by :meth:`_close_run`."""
+        """Set the thread count (and oneDNN off where ``train.onednn`` is false), catch the stop
+        signals (SIGUSR1/SIGUSR2/SIGTERM from SLURM, submitit or torchrun: save the step and
+        stop) and set :attr:`step` to where training starts (0, or a checkpoint's step); a
+        failure here ends the process group as the loop's own does. Returns the signals'
+        context (with the oneDNN switch), closed last by :meth:`_close_run`."""
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
         signals = contextlib.ExitStack()
         signals.enter_context(stop_on_signals())
+        if not tc.onednn:  # other CPU kernels for this run, restored when it closes
+            signals.enter_context(torch.backends.mkldnn.flags(enabled=False))
         try:
             self.step = self._start()
         except BaseException as e:

@@ -31,11 +31,16 @@ if TYPE_CHECKING:
 class RunSettings:
     """What ``modbench study run`` was given that decides which stages a study has:
     ``--until-decided`` (None: off) and ``--spending``. ``runs``: the study's own runs in place
-    of its spec's (None: :func:`modbench.study.spec.expand`)."""
+    of its spec's (None: :func:`modbench.study.spec.expand`). ``replicate`` and ``only``:
+    ``modbench study replicate``'s changes, and the stages it runs."""
 
     until_decided: int | None = None
     spending: str = "obrien_fleming"
     runs: list[RunSpec] | None = None
+    #: ``modbench study replicate --change``: the changes to replicate the study under
+    replicate: tuple[str, ...] = ()
+    #: the stages to run (None: every stage the study has), e.g. ``("replication",)``
+    only: tuple[str, ...] | None = None
 
 
 class Session(Protocol):
@@ -129,7 +134,9 @@ def stages_for(spec: StudySpec, out: str | Path, settings: RunSettings | None = 
     """The stages of a study of ``spec`` in ``out`` run with ``settings`` (default: as
     ``status`` and the report see a study: from its spec and folder)."""
     settings = settings or RunSettings()
-    return [k(spec, Path(out), settings) for k in kinds() if k.applies(spec, Path(out), settings)]
+    return [k(spec, Path(out), settings) for k in kinds()
+            if (settings.only is None or k.name in settings.only)
+            and k.applies(spec, Path(out), settings)]
 
 
 def hours(flops: float, rate: Throughput | None) -> float | None:
