@@ -234,3 +234,40 @@ def test_a_bad_profile_block_is_one_line(tmp_path: Path, profile: dict[str, Any]
                                          message: str) -> None:
     with pytest.raises(ModbenchError, match=message):
         load_spec(write_spec(tmp_path, **profile))
+
+
+def test_a_rate_dependent_method_is_named_in_the_warnings_and_results(tmp_path: Path) -> None:
+    """The profile's flag reaches the study's own report: a warning in its first lines, and
+    ``rate_dependent`` on the method's row of results.json (no other row has the key)."""
+    import dataclasses
+
+    from modbench.analysis.stats import compare
+    from modbench.report.build import budget_warnings, results_json
+    from modbench.study.results import rate_dependence_of
+
+    folder = tmp_path / "s"
+    (folder / PROFILE_DIR).mkdir(parents=True)
+    point = [{"method": "baseline", "verdict": "baseline"}]
+    (folder / PROFILE_DIR / PROFILE_FILE).write_text(json.dumps({
+        "points": ["×0.5", "×1", "×4"], "scales": {"tiny": {
+            "rate_dependent": {"a": True, "b": False},
+            "by_point": [[*point, {"method": "a", "verdict": v}, {"method": "b", "verdict": w}]
+                         for v, w in (("improver", "improver"), ("within_noise", "improver"),
+                                      ("degrader", "within_noise"))]}}}))
+    flagged = rate_dependence_of(folder)
+    assert flagged == {"tiny": {"a": "improver at ×0.5; degrader at ×4"}}
+    from modbench.analysis.results import StudyResults
+
+    table = {"baseline": {0: 4.0, 1: 4.1, 2: 4.05}, "a": {0: 4.0, 1: 4.1, 2: 4.05},
+             "b": {0: 4.0, 1: 4.1, 2: 4.05}}
+    res = StudyResults(name="s", folder=folder, baseline="baseline", metric="val_loss",
+                       anchors=[], rows=[], comparisons={"tiny": compare(
+                           table, "baseline", higher_is_better=False)})
+    assert not any("rate-dependent" in w for w in budget_warnings(res))
+    res = dataclasses.replace(res, rate_dependent=flagged)
+    assert any(w.startswith("`a` at tiny is rate-dependent (improver at ×0.5; degrader at ×4")
+               for w in budget_warnings(res))
+    from modbench.analysis.results import comparisons_json
+
+    rows = results_json(res, comparisons_json(res.comparisons))["tiny"]
+    assert [r.get("rate_dependent") for r in rows] == [None, True, None]

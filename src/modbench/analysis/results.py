@@ -538,6 +538,9 @@ class StudyResults:
     # runs left out because the code of an outside method they used differs from the code
     # loaded now: run label -> what changed (modbench.study.results.code_changes)
     code_changed: dict[str, str] = field(default_factory=dict)
+    # methods whose verdict depends on the learning rate (the spec's lr_profile: an improver
+    # at one grid point and a degrader at another): scale -> method -> where, in words
+    rate_dependent: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def flops_of(self, scale: str, method: str) -> MethodFlops | None:
         return self.flops.get(scale, {}).get(method)

@@ -163,11 +163,16 @@ def _write_report(results: StudyResults, out: Path, columns: Sequence[Column],
 def results_json(results: StudyResults, comparisons: dict[str, Any]) -> dict[str, Any]:
     """``results.json``'s content: the comparisons per scale
     (:func:`~modbench.report.trajectory.with_trajectories`), then ``"rule"``, the verdict rule
-    that produced them (:func:`~modbench.analysis.results.rule_record`). A scale may not be
-    named ``rule``."""
+    that produced them (:func:`~modbench.analysis.results.rule_record`). A method the
+    learning-rate profile flags rate-dependent has ``"rate_dependent": true`` (no other has
+    the key). A scale may not be named ``rule``."""
     if "rule" in comparisons:
         raise ModbenchError("a scale is named 'rule', the name of results.json's record of the "
                             "verdict rule; rename the scale")
+    for scale, flagged in results.rate_dependent.items():  # the profile's flag, where set
+        for r in comparisons.get(scale, []):
+            if r.get("method") in flagged:
+                r["rate_dependent"] = True
     return comparisons | {"rule": rule_record(read_looks(results.folder))}
 
 
@@ -251,6 +256,8 @@ def budget_warnings(results: StudyResults) -> list[str]:
     * data: runs that should have seen the same batches and did not, runs that stalled at the
       unigram level (status ``stalled``), and completed runs that did not learn at all, which
       the stall rule could not judge (:func:`_data_warnings`);
+    * rate: a method the learning-rate profile flags rate-dependent (an improver at one rate
+      and a degrader at another; ``results.rate_dependent``);
     * convergence: a finished baseline run whose validation loss, between its last two
       validation points (``metrics.jsonl`` through ``runtime.runfolder.curves``), fell by more
       than :data:`STILL_FALLING` of the earlier value; or finished baseline runs that saw fewer
@@ -299,6 +306,10 @@ def budget_warnings(results: StudyResults) -> list[str]:
     out += _data_warnings(results)
     out += [f"{label} is left out of the verdicts: it was trained with other code than is "
             f"loaded now ({why})" for label, why in sorted(results.code_changed.items())]
+    out += [f"`{method}` at {scale} is rate-dependent ({where}: Learning-rate profile): its "
+            "verdict here holds at the recipe's rate, not for the method at every rate"
+            for scale, per in sorted(results.rate_dependent.items())
+            for method, where in sorted(per.items())]
     budget = _few_tokens(rows, results.baseline)
     if budget:
         out.append("The baseline trained on few tokens per parameter (rule: fewer than "

@@ -100,6 +100,26 @@ def sensitivity_verdicts_of(folder: str | Path) -> dict[str, dict[str, str]] | N
             for scale, per in data.get("scales", {}).items()}
 
 
+def rate_dependence_of(folder: str | Path) -> dict[str, dict[str, str]]:
+    """The methods the learning-rate profile flags rate-dependent (scale -> method -> where
+    it improves and where it degrades, in words); none without a finished profile."""
+    from modbench.report.profile import read_profile
+
+    data = read_profile(folder)
+    out: dict[str, dict[str, str]] = {}
+    for scale, per in (data or {}).get("scales", {}).items():
+        for method, flagged in per.get("rate_dependent", {}).items():
+            if not flagged:
+                continue
+            verdicts = [next((r["verdict"] for r in point if r["method"] == method), None)
+                        for point in per["by_point"]]
+            where = {v: [p for p, x in zip(data["points"], verdicts, strict=True) if x == v]
+                     for v in ("improver", "degrader")}
+            out.setdefault(scale, {})[method] = (f"improver at {', '.join(where['improver'])}; "
+                                                 f"degrader at {', '.join(where['degrader'])}")
+    return out
+
+
 def method_flops(spec: StudySpec, scale: str, method: str, seed: int = 0) -> MethodFlops:
     """Training FLOPs per token and the FLOPs ratio of ``method`` at ``scale``, from the run
     config the spec gives it."""
@@ -136,4 +156,5 @@ def load_results(folder: str | Path, metric: str | None = None) -> StudyResults:
     return StudyResults(
         name=found.name if found else root.name, folder=root, baseline=spec.baseline,
         metric=metric, anchors=anchors, rows=rows, comparisons=comparisons, flops=flops,
-        claim=claim, data_order=spec.data.order, code_changed=left_out)
+        claim=claim, data_order=spec.data.order, code_changed=left_out,
+        rate_dependent=rate_dependence_of(root))
