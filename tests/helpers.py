@@ -154,3 +154,65 @@ def plugins_restored(temp: Path) -> Iterator[None]:
             os.environ.pop(plugins.ENV, None)
         else:
             os.environ[plugins.ENV] = env
+
+
+class Stopped(Exception):
+    """What :class:`RecordingExecutor` raises after its ``stop``-th run, as a kill would."""
+
+
+class RecordingExecutor:
+    """A study executor (``modbench.study.jobs.Executor``) that trains nothing: it finishes
+    each run of a job in the job's results store with the final validation loss
+    ``loss(folder name, method, seed)`` and records ``(folder name, method, seed)`` per run
+    (``ran``; ``keys``: ``(folder name, run key)``) and per wave (``waves``, each sorted).
+    ``stop``: raise :class:`Stopped` before the run after that many. Patch it in with
+    :meth:`install`."""
+
+    gpus_per_job = None
+    workers = 1
+
+    def __init__(self, loss: Any, stop: int | None = None) -> None:
+        self.loss, self.stop = loss, stop
+        self.ran: list[tuple[str, str, int]] = []
+        self.keys: list[tuple[str, str]] = []
+        self.waves: list[list[tuple[str, str, int]]] = []
+        self.made = self.closed = 0
+
+    def install(self, monkeypatch: Any) -> RecordingExecutor:
+        """Make ``modbench.study.runner`` use this executor (and prepare no data)."""
+        import modbench.study.runner as runner
+
+        def make(*args: Any, **kwargs: Any) -> RecordingExecutor:
+            self.made += 1
+            return self
+
+        monkeypatch.setattr(runner, "make_executor", make)
+        monkeypatch.setattr(runner, "_prepare_data", lambda runs, progress: None)
+        return self
+
+    def run(self, jobs: list[Any]) -> Iterator[list[Any]]:
+        from modbench.study.jobs import JobResult
+        from modbench.study.store import Store
+
+        wave = []
+        for job in jobs:
+            store = Store(job.root)
+            rows = {r["key"]: r for r in store.rows()}
+            out = []
+            for key, label in zip(job.keys, job.labels, strict=True):
+                if self.stop is not None and len(self.ran) >= self.stop:
+                    raise Stopped
+                method, seed = rows[key]["method"], int(rows[key]["seed"])
+                assert store.claim(key)
+                folder = Path(job.root).name
+                store.finish(key, {"status": "completed", "stalled_at_step": None,
+                                   "final_val_loss": self.loss(folder, method, seed)}, None)
+                self.ran.append((folder, method, seed))
+                self.keys.append((folder, key))
+                wave.append((folder, method, seed))
+                out.append(JobResult(key, label, "trained", "completed"))
+            yield out
+        self.waves.append(sorted(wave))
+
+    def close(self) -> None:
+        self.closed += 1

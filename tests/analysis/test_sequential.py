@@ -7,9 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -17,6 +15,7 @@ from scipy import stats as sps
 
 from modbench.analysis import stats as S
 from modbench.errors import ModbenchError
+from tests.helpers import RecordingExecutor
 
 BASE = [3.00, 3.10, 2.90]
 
@@ -136,38 +135,6 @@ def loss_of(method: str, seed: int) -> float:
     return 3.0 + spread - (0.2 if method == "qknorm" else 0.0)
 
 
-class Recorder:
-    """An executor that finishes each run with loss_of(method, seed) instead of training."""
-
-    gpus_per_job = None
-    workers = 1
-
-    def __init__(self) -> None:
-        self.waves: list[list[tuple[str, int]]] = []
-
-    def run(self, jobs: list[Any]) -> Iterator[list[Any]]:
-        from modbench.study.runner import JobResult
-        from modbench.study.store import Store
-
-        wave = []
-        for job in jobs:
-            store = Store(job.root)
-            rows = {r["key"]: r for r in store.rows()}
-            out = []
-            for key, label in zip(job.keys, job.labels, strict=True):
-                method, seed = rows[key]["method"], int(rows[key]["seed"])
-                assert store.claim(key)
-                store.finish(key, {"status": "completed", "stalled_at_step": None,
-                                   "final_val_loss": loss_of(method, seed)}, None)
-                out.append(JobResult(key, label, "trained", "completed"))
-                wave.append((method, seed))
-            yield out
-        self.waves.append(sorted(wave))
-
-    def close(self) -> None:
-        pass
-
-
 def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_study's loop: each wave is what the last recorded look asked for, the looks are in
     the study folder, and the report's verdicts are the looks' (the 4 sigma method decided at
@@ -177,9 +144,8 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     from modbench.study.results import load_results
     from modbench.study.spec import load_spec
 
-    rec = Recorder()
-    monkeypatch.setattr(runner, "make_executor", lambda *a, **k: rec)
-    monkeypatch.setattr(runner, "_prepare_data", lambda runs, progress: None)
+    rec = RecordingExecutor(lambda folder, method, seed: loss_of(method, seed)).install(
+        monkeypatch)
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump({
         "name": "seq", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
@@ -194,7 +160,8 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     looks = read_looks(out)["tiny"]
     assert (out / LOOKS_FILE).is_file() and looks[-1].last
     assert len(rec.waves) == len(looks)  # the spec's runs, then one wave per look that asked
-    for look, wave in zip(looks, rec.waves[1:], strict=False):
+    for look, wave in zip(looks, [[(m, s) for _, m, s in w] for w in rec.waves[1:]],
+                          strict=False):
         asked = sorted((m, look.seeds[m] + i) for m, k in look.add.items() for i in range(k))
         assert wave == asked
     assert c["added_seeds"] == sum(len(w) for w in rec.waves[1:])

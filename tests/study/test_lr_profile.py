@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from modbench.study.plan import format_plan, plan_study
 from modbench.study.reporting import write_study_report
 from modbench.study.spec import load_spec
 from modbench.study.store import Store
+from tests.helpers import RecordingExecutor, Stopped
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -168,57 +168,24 @@ def test_status_and_the_dry_run_name_the_profile(profiled: Path,
     assert f"then stage lr_profile -> {profiled / PROFILE_DIR}: 0 of 12 runs to train" in text
 
 
-class Killed(Exception):
-    pass
-
-
-class Recorder:
-    """Finishes each run with a made-up loss, and stops (as a kill would) after ``stop``
-    runs."""
-
-    gpus_per_job = None
-    workers = 1
-
-    def __init__(self, stop: int | None = None) -> None:
-        self.stop, self.ran = stop, []
-
-    def run(self, jobs: list[Any]) -> Iterator[list[Any]]:
-        from modbench.study.jobs import JobResult
-
-        for job in jobs:
-            store = Store(job.root)
-            out = []
-            for key, label in zip(job.keys, job.labels, strict=True):
-                if self.stop is not None and len(self.ran) >= self.stop:
-                    raise Killed
-                assert store.claim(key)
-                store.finish(key, {"status": "completed", "stalled_at_step": None,
-                                   "final_val_loss": 4.0 + 0.01 * len(self.ran),
-                                   "initial_val_loss": 6.2}, None)
-                self.ran.append((Path(job.root).name, key))
-                out.append(JobResult(key, label, "trained", "completed"))
-            yield out
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_killed_profile_resumes_without_training_anything_twice(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_prepare_data", lambda runs, progress: None)
     spec = load_spec(write_spec(tmp_path))
     out = tmp_path / "study"
-    first = Recorder(stop=4 + 5)  # the frozen study's 4 runs, then 5 of the profile's 12
-    monkeypatch.setattr(runner, "make_executor", lambda *a, **k: first)
-    with pytest.raises(Killed):
+
+    def loss(folder: str, method: str, seed: int) -> float:
+        return 4.0 + 0.01 * seed
+
+    # the frozen study's 4 runs, then 5 of the profile's 12
+    first = RecordingExecutor(loss, stop=4 + 5).install(monkeypatch)
+    with pytest.raises(Stopped):
         runner.run_study(spec, out, progress=False)
     assert not (out / PROFILE_DIR / PROFILE_FILE).exists()
-    again = Recorder()
-    monkeypatch.setattr(runner, "make_executor", lambda *a, **k: again)
+    again = RecordingExecutor(loss).install(monkeypatch)
     counts = runner.run_study(spec, out, progress=False)
     assert counts["already_done"] == 4 + 5 and counts["trained"] == 7
     # each (folder, key) once (the profile's ×1 point has the frozen runs' keys, in its folder)
-    assert not set(first.ran) & set(again.ran) and len(set(first.ran + again.ran)) == 16
+    assert not set(first.keys) & set(again.keys) and len(set(first.keys + again.keys)) == 16
     assert (out / PROFILE_DIR / PROFILE_FILE).is_file()
 
 

@@ -21,6 +21,7 @@ from modbench.report.replication import REPLICATE_DIR, REPLICATION_FILE
 from modbench.study.spec import config_key, expand, load_spec
 from modbench.study.stages.replication import parse_change
 from modbench.study.store import Store
+from tests.helpers import RecordingExecutor
 
 Loss = Callable[[str, str, int], float | None]  # (folder name, method, seed) -> final loss
 
@@ -35,39 +36,9 @@ def losses(folder: str, method: str, seed: int) -> float | None:
     return 4.0 + shift + noise
 
 
-class Recorder:
-    gpus_per_job = None
-    workers = 1
-
-    def __init__(self, loss: Loss) -> None:
-        self.loss, self.ran = loss, []
-
-    def run(self, jobs: list[Any]) -> Iterator[list[Any]]:
-        from modbench.study.jobs import JobResult
-
-        for job in jobs:
-            store = Store(job.root)
-            rows = {r["key"]: r for r in store.rows()}
-            out = []
-            for key, label in zip(job.keys, job.labels, strict=True):
-                method, seed = rows[key]["method"], int(rows[key]["seed"])
-                assert store.claim(key)
-                store.finish(key, {"status": "completed", "stalled_at_step": None,
-                                   "final_val_loss": self.loss(Path(job.root).name, method,
-                                                               seed)}, None)
-                self.ran.append((Path(job.root).name, method, seed))
-                out.append(JobResult(key, label, "trained", "completed"))
-            yield out
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
-def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Recorder]:
-    rec = Recorder(losses)
-    monkeypatch.setattr(runner, "make_executor", lambda *a, **k: rec)
-    monkeypatch.setattr(runner, "_prepare_data", lambda runs, progress: None)
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, RecordingExecutor]:
+    rec = RecordingExecutor(losses).install(monkeypatch)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "rep", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
@@ -82,7 +53,7 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Record
 
 
 def test_only_decided_verdicts_and_the_baseline_run_again_and_replicate(
-        study: tuple[Path, Recorder], capsys: pytest.CaptureFixture[str]) -> None:
+        study: tuple[Path, RecordingExecutor], capsys: pytest.CaptureFixture[str]) -> None:
     out, rec = study
     assert run_cli(["study", "replicate", str(out), "--change", "threads=2",
                     "--no-progress"]) == 0
@@ -111,7 +82,7 @@ def test_only_decided_verdicts_and_the_baseline_run_again_and_replicate(
 
 
 def test_a_verdict_that_flips_does_not_replicate_and_the_claim_says_so(
-        study: tuple[Path, Recorder]) -> None:
+        study: tuple[Path, RecordingExecutor]) -> None:
     out, _ = study
     runner.replicate_study(out, ["seeds"], progress=False)
     data = json.loads((out / REPLICATE_DIR / "seeds" / REPLICATION_FILE).read_text())

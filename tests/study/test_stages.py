@@ -6,7 +6,6 @@ training): what is tested is which runs each stage asks for, where, and what it 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from modbench.study.reporting import write_study_report
 from modbench.study.results import load_rows
 from modbench.study.spec import RunSpec, StudySpec, load_spec, run_spec
 from modbench.study.stages import Session, Stage, StatusPart
+from tests.helpers import RecordingExecutor
 
 
 def loss_of(method: str, seed: int) -> float:
@@ -31,51 +31,10 @@ def loss_of(method: str, seed: int) -> float:
     return 4.0 + {"baseline": 0.0, "qknorm": -0.3}.get(method, 0.0) + 0.01 * ((seed * 7) % 5)
 
 
-class Recorder:
-    """An executor that finishes each run with :func:`loss_of` instead of training, and
-    remembers each wave's (folder, method, seed)."""
-
-    gpus_per_job = None
-    workers = 1
-
-    def __init__(self) -> None:
-        self.waves: list[list[tuple[str, str, int]]] = []
-        self.made = self.closed = 0
-
-    def run(self, jobs: list[Any]) -> Iterator[list[Any]]:
-        from modbench.study.jobs import JobResult
-        from modbench.study.store import Store
-
-        wave = []
-        for job in jobs:
-            store = Store(job.root)
-            rows = {r["key"]: r for r in store.rows()}
-            out = []
-            for key, label in zip(job.keys, job.labels, strict=True):
-                method, seed = rows[key]["method"], int(rows[key]["seed"])
-                assert store.claim(key)
-                store.finish(key, {"status": "completed", "stalled_at_step": None,
-                                   "final_val_loss": loss_of(method, seed)}, None)
-                out.append(JobResult(key, label, "trained", "completed"))
-                wave.append((Path(job.root).name, method, seed))
-            yield out
-        self.waves.append(sorted(wave))
-
-    def close(self) -> None:
-        self.closed += 1
-
-
 @pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    rec = Recorder()
-
-    def make(*args: Any, **kwargs: Any) -> Recorder:
-        rec.made += 1
-        return rec
-
-    monkeypatch.setattr(runner, "make_executor", make)
-    monkeypatch.setattr(runner, "_prepare_data", lambda runs, progress: None)
-    return rec
+def recorder(monkeypatch: pytest.MonkeyPatch) -> RecordingExecutor:
+    return RecordingExecutor(lambda folder, method, seed: loss_of(method, seed)).install(
+        monkeypatch)
 
 
 def spec_file(tmp_path: Path, **extra: Any) -> Path:
@@ -142,7 +101,7 @@ def test_the_stages_run_in_their_registered_order() -> None:
         stages.register(type("Again", (Stage,), {"name": "frozen"}))
 
 
-def test_a_new_stage_is_one_class_and_one_line(tmp_path: Path, recorder: Recorder,
+def test_a_new_stage_is_one_class_and_one_line(tmp_path: Path, recorder: RecordingExecutor,
                                                extra_stage: type[Stage],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The toy stage runs after the study's own through the same executor (one made, closed
@@ -173,7 +132,7 @@ def test_a_new_stage_is_one_class_and_one_line(tmp_path: Path, recorder: Recorde
     assert again["already_done"] == 6 and again["trained"] == 0
 
 
-def test_a_refused_stage_leaves_no_folder_of_its_own(tmp_path: Path, recorder: Recorder,
+def test_a_refused_stage_leaves_no_folder_of_its_own(tmp_path: Path, recorder: RecordingExecutor,
                                                      extra_stage: type[Stage],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage that fails before any of its runs started: its fresh folder is removed, the
@@ -192,7 +151,7 @@ def test_a_refused_stage_leaves_no_folder_of_its_own(tmp_path: Path, recorder: R
 
 
 def test_the_sequential_stage_plans_an_upper_bound_and_says_its_looks(
-        tmp_path: Path, recorder: Recorder, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, recorder: RecordingExecutor, capsys: pytest.CaptureFixture[str]) -> None:
     spec = load_spec(spec_file(tmp_path))
     out = tmp_path / "study"
     assert plan_study(spec, out).stages == []  # without --until-decided: no such stage

@@ -112,6 +112,13 @@ class Stage:
         """This stage's section of the report (figures into ``out``)."""
         return []
 
+    def folder_status(self, key: str | None = None) -> list[StatusPart]:
+        """:meth:`status` of a stage that lists its own folder's runs (with each run's value
+        of ``key``), once the folder has a results index."""
+        if not (self.folder / "index.sqlite").is_file():
+            return []
+        return [StatusPart(self.folder, key)]
+
 
 _KINDS: list[type[Stage]] = []
 

@@ -275,9 +275,7 @@ class LrProfileStage(Stage):
                          flops, what, gpu_hours=hours(flops, rate), upper_bound=True)
 
     def status(self) -> list[StatusPart]:
-        if not (self.folder / "index.sqlite").is_file():
-            return []
-        return [StatusPart(self.folder, "recipe.lr")]
+        return self.folder_status("recipe.lr")
 
     def report(self, results: StudyResults, out: Path) -> list[Block]:
         return profile_section(results, out)

@@ -235,9 +235,7 @@ class TuningStage(Stage):
 
     def status(self) -> list[StatusPart]:
         assert self.spec.tuning is not None
-        if not (self.folder / "index.sqlite").is_file():
-            return []
-        return [StatusPart(self.folder, self.spec.tuning.key)]
+        return self.folder_status(self.spec.tuning.key)
 
 
 class TunedStage(Stage):
@@ -308,9 +306,7 @@ class TunedStage(Stage):
 
     def status(self) -> list[StatusPart]:
         assert self.spec.tuning is not None
-        if not (self.folder / "index.sqlite").is_file():
-            return []
-        return [StatusPart(self.folder, self.spec.tuning.key)]
+        return self.folder_status(self.spec.tuning.key)
 
     def report(self, results: StudyResults, out: Path) -> list[Block]:
         return tuning_section(results, out)
