@@ -76,3 +76,27 @@ def test_load_results_checks_the_claim_against_the_verdicts(tmp_path: Path) -> N
                    ("tiny", "post_ln"): ("degrader", "agrees"),
                    ("tiny", "layerscale"): ("diverged", "contradicts")}
     assert res.claim.summary == "contradicted"
+
+
+def test_a_method_whose_seeds_mostly_failed_is_claimed_as_failing() -> None:
+    """Two of three seeds stalled and the third trained well: the verdict rests on the
+    survivor (Fisher's test of 2 of 3 against 0 of 3 does not reject), but the claim judges
+    the method as failing, its commoner outcome; one failed seed of three does not."""
+    from modbench.analysis.results import check_claim
+    from modbench.analysis.stats import compare
+
+    base = {0: 4.0, 1: 4.02, 2: 3.98}
+    results = compare({"baseline": base, "mostly": {0: 3.5, 1: None, 2: None},
+                       "once": {0: 3.5, 1: 3.52, 2: None}}, "baseline",
+                      higher_is_better=False, stalled={"mostly": 2, "once": 1})
+    assert {str(r.verdict) for r in results if r.method == "mostly"} <= {"improver",
+                                                                       "within_noise"}
+    expect = {"mostly": ["stalled", "diverged"], "once": ["stalled"]}
+    rows = {r.method: r for r in check_claim({"s": results}, expect).rows}
+    assert rows["mostly"].verdict == "fails 2 of 3 (stalled)"
+    assert rows["mostly"].outcome == "agrees" and "not on its 1 surviving seed" in rows[
+        "mostly"].why
+    assert rows["once"].verdict == str(next(r.verdict for r in results if r.method == "once"))
+    assert rows["once"].outcome != "agrees"
+    better = check_claim({"s": results}, {"mostly": ["improver"]}).rows[0]
+    assert better.outcome == "contradicts"

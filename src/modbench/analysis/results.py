@@ -11,6 +11,7 @@ folder is ``modbench.study.results``; rendering is ``modbench.report``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from modbench.analysis.stats import (
     SCORE_TESTS,
     Look,
     MethodResult,
+    Verdict,
     VerdictRule,
     compare,
     sequential_alpha,
@@ -473,7 +475,8 @@ def check_claim(comparisons: Mapping[str, Sequence[MethodResult]], expect: dict[
                 sensitivity: Mapping[str, Mapping[str, str]] | None = None) -> ClaimCheck:
     """Each expected method's verdict at each scale of ``comparisons`` (``compare_scales``)
     against the outcomes ``expect`` lists for it (verdict names or :data:`CLAIM_FORMS`,
-    judged by :func:`judge_expectation`; :data:`SENSITIVITY_FORMS` by
+    judged by :func:`judge_expectation` on the result :func:`as_claimed` gives: a method whose
+    seeds mostly failed is judged as failing; :data:`SENSITIVITY_FORMS` by
     :func:`judge_sensitivity` against ``sensitivity``, the learning-rate profile's verdicts,
     scale -> method -> verdict): the row agrees when some entry agrees, contradicts when every
     entry contradicts, else is not shown; a method without a finished run is not run."""
@@ -485,7 +488,7 @@ def check_claim(comparisons: Mapping[str, Sequence[MethodResult]], expect: dict[
             if method not in by_method:
                 rows.append(ClaimRow(scale, method, "missing", tuple(expected), "not run"))
                 continue
-            r = by_method[method]
+            r, failing = as_claimed(by_method[method])
             parsed = [parse_expectation(e) for e in expected]
             judged = [judge_sensitivity(profile, method, e) if e.kind in SENSITIVITY_FORMS
                       else judge_expectation(r, e, expected) for e in parsed]
@@ -494,12 +497,28 @@ def check_claim(comparisons: Mapping[str, Sequence[MethodResult]], expect: dict[
                        else "contradicts" if all(o == "contradicts" for o in outcomes)
                        else "not run" if all(o == "not run" for o in outcomes)
                        else "not shown")
-            why = next((w for o, w in judged if o == outcome and w), "")
-            shown = str(r.verdict)
+            why = next((w for o, w in judged if o == outcome and w), "") or failing
+            shown = str(r.verdict) if not failing else failing.split(":")[0]
             if all(e.kind in SENSITIVITY_FORMS for e in parsed):
                 shown = (profile or {}).get(method, "no profile")
             rows.append(ClaimRow(scale, method, shown, tuple(expected), outcome, why))
     return ClaimCheck(source, text, rows)
+
+
+def as_claimed(result: MethodResult) -> tuple[MethodResult, str]:
+    """The result a claim judges, and why it differs from the verdict (empty: it does not).
+    A method whose seeds **mostly failed** (more than half diverged or stalled) with a score
+    verdict from its surviving seeds is judged as failing, by its commoner failure, not on
+    its survivors: "fails 2 of 3 (stalled)" (which seed survives depends on the machine's
+    kernels, so a verdict from a lone survivor is not the method's)."""
+    failed = result.n_diverged + result.n_stalled
+    total = result.n + failed
+    if str(result.verdict) in _FAILED or result.is_baseline or failed * 2 <= total:
+        return result, ""
+    kind = "stalled" if result.n_stalled >= result.n_diverged else "diverged"
+    return (dataclasses.replace(result, verdict=Verdict(kind)),
+            f"fails {failed} of {total} ({kind}): judged as failing, not on its {result.n} "
+            f"surviving seed{'s' if result.n != 1 else ''}")
 
 
 def judge_sensitivity(profile: Mapping[str, str] | None, method: str, exp: Expectation
