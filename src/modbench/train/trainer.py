@@ -43,7 +43,8 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,24 @@ class Member:
         return self.trainer.step
 
 
+@contextlib.contextmanager
+def onednn_off() -> Iterator[None]:
+    """torch's oneDNN (mkldnn) CPU kernels off in the block (``train.onednn`` false), then as
+    they were. torch's switch also sets oneDNN's TF32 flag, which warns on a machine without
+    an Intel GPU at every switch; that warning says nothing about this run and is silenced."""
+    quiet = "TF32 acceleration on top of oneDNN"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=quiet)
+        switch = torch.backends.mkldnn.flags(enabled=False)
+        switch.__enter__()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=quiet)
+            switch.__exit__(None, None, None)
+
+
 class Trainer:
     """Train one run, or several seeds of one run stacked (``seeds``). Construct (which
     validates everything and writes nothing), then :meth:`run` (one run) or :meth:`run_all`.
@@ -382,7 +401,7 @@ class Trainer:
         signals = contextlib.ExitStack()
         signals.enter_context(stop_on_signals())
         if not tc.onednn:  # other CPU kernels for this run, restored when it closes
-            signals.enter_context(torch.backends.mkldnn.flags(enabled=False))
+            signals.enter_context(onednn_off())
         try:
             self.step = self._start()
         except BaseException as e:
