@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,180 @@ def test_a_gap_left_by_an_unfinished_run_is_filled_first(tmp_path: Path) -> None
     store.register("qknorm-3", "tiny", "qknorm", 3)  # its wave was cut: never finished
     new = undecided_runs(spec, tmp_path, cap=6)
     assert [(r.method, r.seed) for r in new] == [("qknorm", 3)]
+
+
+# ------------------------------------------------------------ futility (--futility)
+
+NOISE = [0.0, 0.1, -0.1, 0.05, -0.05, 0.08, -0.08, 0.02, -0.02, 0.0]
+
+
+def test_conditional_power_and_the_final_boundary_by_hand() -> None:
+    """Phi((z / sqrt(t) - c) / sqrt(1 - t)); the boundary is Holm's first step over the
+    methods not decided with the alpha left, or the guard's sqrt(cap / 2) if larger."""
+    # z = 2 at t = 0.5 against c = 2.5: (2.828 - 2.5) / 0.7071 = 0.464, Phi = 0.679
+    assert S.conditional_power(2.0, 0.5, 2.5) == pytest.approx(sps.norm.cdf(0.4645), abs=1e-4)
+    assert S.conditional_power(0.0, 0.5, 2.5) == pytest.approx(sps.norm.cdf(-2.5 / 0.5**0.5))
+    assert S.conditional_power(3.0, 1.0, 2.5) == 1.0 and S.conditional_power(2.0, 1.0, 2.5) == 0
+    assert S.conditional_power(math.nan, 0.5, 2.5) == 1.0  # no test: nothing to stop on
+    assert S.final_boundary(0.05, 5, 10) == pytest.approx(2.5758, abs=1e-4)  # z_{1-0.005}
+    assert S.final_boundary(0.05, 1, 40) == pytest.approx(20**0.5)  # the guard: 1 sigma
+    assert S.final_boundary(0.0, 3, 10) == math.inf
+    for bad in (0.0, 1.0, -0.1, 2.0):
+        with pytest.raises(ValueError, match="conditional power"):
+            S.sequential_look(table(3, 3), (), 10, futility=bad)
+
+
+def test_a_null_method_is_stopped_for_futility_a_promising_one_goes_on() -> None:
+    """9 baseline seeds (sigma 0.069), 'null' 0.001 above it and 'promising' 0.1 (1.4 sigma)
+    above, 6 seeds each, cap 10, no look before: t = 0.2 / (1/6 + 1/9) = 0.72, OBF spends
+    0.0209 and decides neither. The alpha left, 0.0291, over the 2 undecided methods gives
+    c = z_{1 - 0.0291/4} = 2.443. 'null': p = 0.714, z = 0.366, conditional power
+    Phi((0.366 / 0.849 - 2.443) / 0.529) = Phi(-3.80) = 7e-5 < 0.1: stopped, no seeds.
+    'promising': p = 0.037, z = 2.084, Phi((2.456 - 2.443) / 0.529) = 0.51: one more seed
+    (and none for the baseline: 9 >= ceil(7 sqrt 1))."""
+    base = [3.0 + e for e in NOISE[:9]]
+    t = {"baseline": base, "null": [3.001 + e for e in NOISE[:6]],
+         "promising": [3.1 + e for e in NOISE[2:8]]}
+    look = S.sequential_look(t, (), 10, futility=0.1, n_resamples=1)
+    assert look.fraction == pytest.approx(0.72) and look.decided == {}
+    assert look.alpha == pytest.approx(0.0209, abs=1e-4)
+    res = {r.method: r for r in S.compare(t, alpha=look.alpha, n_resamples=1)}
+    c = S.final_boundary(0.05 - look.alpha_spent, 2, 10)
+    assert c == pytest.approx(2.443, abs=1e-3)
+    cp = {m: S.conditional_power(S.normal_isf(res[m].p / 2), 0.72, c) for m in res
+          if m != "baseline"}
+    assert cp["null"] == pytest.approx(7.2e-5, rel=0.02) and cp["promising"] == pytest.approx(
+        0.51, abs=0.01)
+    assert dict(look.futile) == {"null": pytest.approx(cp["null"])}
+    assert dict(look.add) == {"promising": 1}
+    # the next look: 'null' is neither tested nor given seeds again, 'promising' goes on
+    t["promising"].append(3.1 + NOISE[8])
+    nxt = S.sequential_look(t, [look], 10, futility=0.1, n_resamples=1)
+    assert "null" not in nxt.add and "null" not in nxt.futile and "null" not in nxt.decided
+    assert nxt.seeds["null"] == 6
+    # its final verdict: within noise, the note says where it stopped
+    final = S.sequential_verdicts(S.compare(t, alpha=nxt.alpha, n_resamples=1), [look, nxt])
+    null = next(r for r in final if r.method == "null")
+    assert null.verdict == "within_noise"
+    assert "stopped for futility at look 1 of 2 (conditional power 7.2e-05 < 0.1, 6 seeds)" \
+        in null.note
+
+
+def test_a_large_effect_is_never_stopped_for_futility() -> None:
+    """A method 0.3 (4 sigma) better, looked at from 3 + 5 x 3 seeds to its decision with a
+    threshold as high as 0.5: never stopped (its conditional power at look 1 is about 1,
+    while the alpha OBF spends there is too small to decide it), the nulls (the baseline's
+    own seeds) all are, at the first look that tested."""
+    n = {"baseline": 3, **{f"m{j}": 3 for j in range(5)}}
+    history: list[S.Look] = []
+    while not history or not history[-1].last:
+        full = table(10, 10, {"m0": 0.3})
+        history.append(S.sequential_look({g: full[g][:k] for g, k in n.items()}, history, 10,
+                                         futility=0.5, n_resamples=1))
+        for g, k in history[-1].add.items():
+            n[g] += k
+    stopped = {m: lk.index for lk in history for m in lk.futile}
+    assert "m0" not in stopped
+    assert {m: lk.index for lk in history for m in lk.decided} == {"m0": 3}
+    assert history[0].decided == {} and history[0].alpha < 0.001
+    assert stopped == {f"m{j}": 1 for j in range(1, 5)}
+    # the baseline then grows with the one open method only (ceil(4 sqrt 1) = 4), not to
+    # Dunnett's 7 for five: the runs futility saves
+    assert dict(history[0].add) == {"m0": 1, "baseline": 1}
+    assert sum(history[-1].seeds.values()) == 5 + 5 + 4 * 3
+
+
+def test_without_futility_the_looks_are_as_before() -> None:
+    """futility=None: the looks of the design without it, field for field, and its file keys
+    are the ones written before futility existed (tests/analysis/test_golden_results.py
+    replays a recorded study's byte for byte)."""
+    n = {"baseline": 3, **{f"m{j}": 3 for j in range(5)}}
+    full = table(10, 10, {"m0": 0.3})
+    t = {g: full[g][:k] for g, k in n.items()}
+    look = S.sequential_look(t, (), 10, n_resamples=1)
+    assert look == S.sequential_look(t, (), 10, futility=None, n_resamples=1)
+    assert look.futility is None and look.futile == {}
+    assert list(look.to_dict()) == ["index", "seeds", "fraction", "alpha", "alpha_spent",
+                                    "decided", "add", "cap", "spending", "note"]
+    assert S.Look.from_dict(look.to_dict()) == look
+    stops = S.sequential_look(t, (), 10, futility=0.5, n_resamples=1)
+    assert stops.futile and S.Look.from_dict(json.loads(json.dumps(stops.to_dict()))) == stops
+    assert stops.to_dict()["futility"] == 0.5
+
+
+def test_an_old_looks_file_reads_back_unchanged(tmp_path: Path) -> None:
+    """A looks file written before --futility (the golden tiny-seq study's) reads as looks
+    without futility and writes back byte for byte."""
+    from modbench.analysis.results import LOOKS_FILE, looks_json, read_looks
+
+    old = Path(__file__).parent / "golden" / "tiny-seq" / LOOKS_FILE
+    (tmp_path / LOOKS_FILE).write_bytes(old.read_bytes())
+    looks = read_looks(tmp_path)
+    assert looks and all(lk.futility is None and lk.futile == {} for lk in looks["tiny"])
+    assert looks_json(looks) == old.read_text(encoding="utf-8")
+
+
+def test_futility_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_study with futility=0.1: the two nulls (the baseline's own losses) are stopped at
+    the first look and get no seed past their 3, qknorm (4 sigma) is decided; the report and
+    results.json say so; running on without --futility, or with another threshold, is refused
+    in one line, and so is adding it to looks planned without."""
+    import modbench.study.runner as runner
+    from modbench.analysis.results import read_looks
+    from modbench.study.results import load_results
+    from modbench.study.spec import load_spec
+
+    rec = RecordingExecutor(lambda folder, method, seed: loss_of(method, seed)).install(
+        monkeypatch)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "seq", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
+        "seeds": {"default": [0, 1, 2], "noise_floor": [0, 1, 2], "anchors": []},
+        "scales": ["tiny"], "overrides": ["train.steps=4"], "evaluation": {"probes": False}}))
+    spec = load_spec(spec_file)
+    out = tmp_path / "s"
+    runner.run_study(spec, out, until_decided=6, futility=0.1, progress=False)
+    looks = read_looks(out)["tiny"]
+    assert looks[0].futility == 0.1 and set(looks[0].futile) == {"post_ln", "softcap"}
+    assert all(lk.futility == 0.1 for lk in looks)
+    ran = {m: sorted(s for _, mm, s in rec.ran if mm == m) for m in ("post_ln", "softcap")}
+    assert ran == {"post_ln": [0, 1, 2], "softcap": [0, 1, 2]}  # no seed after the stop
+    res = {r.method: r for r in load_results(out).comparisons["tiny"]}
+    assert res["qknorm"].verdict == "improver"
+    assert res["post_ln"].verdict == "within_noise" and res["post_ln"].n == 3
+    assert "stopped for futility at look 1" in res["post_ln"].note
+    from modbench.study.reporting import write_study_report
+
+    written = write_study_report(out)
+    md = (written / "report.md").read_text()
+    assert "obrien_fleming spending, futility below 0.1: 2 stopped)" in md
+    rule = json.loads((written / "results.json").read_text())["rule"]["sequential"]["tiny"]
+    assert rule["futility"] == 0.1 and rule["futile"] == ["post_ln", "softcap"]
+    from modbench.study.stages.base import RunSettings
+    from modbench.study.stages.sequential import SequentialStage
+
+    status = SequentialStage(spec, out, RunSettings(6, futility=0.1)).status()[0].lines
+    assert "(--until-decided 6, obrien_fleming spending, futility below 0.1: 2 stopped)" \
+        in status[0]
+    for futility, says in ((None, "--futility 0.1"), (0.2, "--futility 0.1")):
+        with pytest.raises(ModbenchError, match=f"planned for --until-decided 6 --spending "
+                                                f"obrien_fleming {says}; go on") as e:
+            runner.run_study(spec, out, until_decided=6, futility=futility, progress=False)
+        assert "\n" not in str(e.value)
+
+
+def test_futility_added_to_looks_planned_without_is_refused(tmp_path: Path) -> None:
+    """Looks recorded without futility (a study already under way) refuse --futility."""
+    from modbench.analysis.results import LOOKS_FILE
+    from modbench.study.spec import load_spec
+    from modbench.study.stages.sequential import undecided_runs
+
+    study = tmp_path / "tiny-seq"
+    shutil.copytree(Path(__file__).parent / "golden" / "tiny-seq", study)
+    spec = load_spec(study / "spec.yaml")
+    with pytest.raises(ModbenchError) as e:
+        undecided_runs(spec, study, 5, futility=0.1)
+    assert str(e.value) == (f"the looks of tiny were planned for --until-decided 5 --spending "
+                            f"obrien_fleming without --futility; go on with those, or remove "
+                            f"{study / LOOKS_FILE} to start a new design")
+    assert undecided_runs(spec, study, 5) == []  # as planned: its last look asked for none

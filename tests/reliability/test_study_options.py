@@ -21,6 +21,8 @@ SPEC = {"name": "options", "methods": ["qknorm"], "scales": ["tiny"],
 UNTIL = ("--until-decided must be at least 2 seeds per group (a look compares two or more), "
          "got {}; give 2 or more, or leave it out to run the spec's seeds only")
 SPENDING = "--spending must be one of obrien_fleming, pocock, got 'nosuch'"
+FUTILITY = ("--futility must be a conditional power between 0 and 1, exclusive (e.g. 0.1), "
+            "got {}; leave it out to never stop a method for futility")
 
 CASES = {
     "until-0": (["--until-decided", "0"], UNTIL.format(0)),
@@ -28,6 +30,8 @@ CASES = {
     "until-1": (["--until-decided", "1"], UNTIL.format(1)),
     "spending": (["--spending", "nosuch"], SPENDING),  # without --until-decided too
     "until-3-spending": (["--until-decided", "3", "--spending", "nosuch"], SPENDING),
+    "futility-1.5": (["--until-decided", "3", "--futility", "1.5"], FUTILITY.format(1.5)),
+    "futility-0": (["--until-decided", "3", "--futility", "0"], FUTILITY.format(0.0)),
 }
 
 
@@ -85,3 +89,14 @@ def test_the_spec_and_its_options_checked_under_dry_run(
                        str(tmp_path / "ok"), "--until-decided", "2", "--spending", "pocock",
                        "--dry-run")
     assert code == 0 and err == "" and not (tmp_path / "ok").exists(), err
+
+
+def test_futility_under_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--futility 0.1`` is accepted under ``--dry-run`` (nothing new refused), and the
+    sequential stage's row says a stopped method gets no more seeds; nothing is written."""
+    spec = _spec(tmp_path)
+    code, out, err = cli(capsys, "study", "run", str(spec), "--out", str(tmp_path / "s"),
+                         "--until-decided", "3", "--futility", "0.1", "--dry-run")
+    assert code == 0, err
+    assert "only to methods not yet decided nor stopped for futility (below 0.1)" in out
+    assert not (tmp_path / "s").exists()

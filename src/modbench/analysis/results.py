@@ -197,14 +197,24 @@ def rule_record(looks: Mapping[str, Sequence[Look]] | None = None) -> dict[str, 
     (:data:`STUDY_RULE`'s fields), the steps :func:`compare` took in order (``pipeline``, each
     a section of docs/statistics.md), the score tests it knew (``score_tests``) and, for each
     scale judged sequentially (``looks``, :func:`read_looks`), the alpha its final verdicts
-    used, its looks, their cap and spending function (``sequential``)."""
+    used, its looks, their cap and spending function (``sequential``), and with a futility
+    rule (``--futility``) its threshold and the methods it stopped."""
     record = STUDY_RULE.to_dict() | {"pipeline": [step for step, _ in PIPELINE],
                                      "score_tests": list(SCORE_TESTS)}
-    sequential = {scale: {"alpha": sequential_alpha(ls, ALPHA), "looks": len(ls),
-                          "cap": ls[-1].cap, "spending": ls[-1].spending}
-                  for scale, ls in (looks or {}).items() if ls}
+    sequential = {scale: _design_record(ls) for scale, ls in (looks or {}).items() if ls}
     if sequential:
         record["sequential"] = sequential
+    return record
+
+
+def _design_record(looks: Sequence[Look]) -> dict[str, Any]:
+    """One scale's entry of the rule record's ``sequential``."""
+    last = looks[-1]
+    record = {"alpha": sequential_alpha(looks, ALPHA), "looks": len(looks), "cap": last.cap,
+              "spending": last.spending}
+    if last.futility is not None:
+        record |= {"futility": last.futility,
+                   "futile": sorted(m for lk in looks for m in lk.futile)}
     return record
 
 

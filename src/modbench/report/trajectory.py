@@ -9,6 +9,7 @@ verdict changed in the last third of training (:mod:`modbench.analysis.trajector
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from modbench.analysis.results import (
     read_looks,
     verdict_options,
 )
-from modbench.analysis.stats import sequential_alpha
+from modbench.analysis.stats import Look, sequential_alpha
 from modbench.analysis.trajectory import Curves, StepVerdict, late_flips, trajectory
 from modbench.report.blocks import Block
 from modbench.runtime.runfolder import curves
@@ -96,6 +97,15 @@ def trajectory_plot(points: list[StepVerdict], title: str, path: Path) -> Path:
     return path
 
 
+def futility_words(looks: Sequence[Look]) -> str:
+    """``, futility below 0.1: 2 stopped`` for looks of a design with a futility rule
+    (``--futility``); ``""`` without one."""
+    futility = looks[-1].futility if looks else None
+    if futility is None:
+        return ""
+    return f", futility below {futility:g}: {sum(len(lk.futile) for lk in looks)} stopped"
+
+
 def sequential_section(results: StudyResults) -> list[Block]:
     """The "Sequential seeds" section of a study run with ``--until-decided`` (its looks, read
     from the study folder; none: nothing), the sequential stage's part of the report
@@ -107,9 +117,12 @@ def sequential_section(results: StudyResults) -> list[Block]:
             last = ls[-1]
             lines.append(
                 f"{scale}: {len(ls)} looks (--until-decided {last.cap}, {last.spending} "
-                f"spending), α spent {last.alpha_spent:.3g} of {ALPHA:g}; the final verdicts "
-                f"use the α spent at the last look that tested, {sequential_alpha(ls):.2g}, "
-                "and a method decided at an earlier look keeps that verdict")
+                f"spending{futility_words(ls)}), α spent {last.alpha_spent:.3g} of "
+                f"{ALPHA:g}; the final verdicts use the α spent at the last look that tested, "
+                f"{sequential_alpha(ls):.2g}, and a method decided at an earlier look keeps "
+                "that verdict" + ("; a method stopped for futility keeps the verdict its "
+                                  "seeds give, never improver or degrader"
+                                  if last.futility is not None else ""))
     if not lines:
         return []
     return [Block("h2", "Sequential seeds"),

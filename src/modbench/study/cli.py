@@ -35,6 +35,13 @@ def _spending(value: str) -> str:
     check_spending(value)
     return value
 
+
+def _futility(value: float | None) -> float | None:
+    from modbench.study.runner import check_futility
+
+    check_futility(value)
+    return value
+
 _SLURM = "SLURM (--executor slurm)"
 _DRY = "Dry run (--dry-run)"
 
@@ -61,6 +68,13 @@ SpendingOption = Annotated[str, typer.Option(
     help="--until-decided's α-spending function (Lan–DeMets): obrien_fleming (little α "
          "early, most at the last look) or pocock (evenly).",
     callback=_spending)]
+FutilityOption = Annotated[float | None, typer.Option(
+    help="--until-decided's futility rule (non-binding): at a look, stop giving seeds to a "
+         "method whose conditional power under the current trend, the chance its test "
+         "still reaches the decision by the cap if its effect is what its seeds show now, is "
+         "below this (0 to 1; 0.1 is the measured design: docs/statistics.md). Its verdict "
+         "stays within noise. Default: never stop for futility. Example: --futility 0.1.",
+    callback=_futility)]
 EnsemblesOption = Annotated[str, typer.Option(
     help="Train a method's seeds stacked in one process: auto (with a GPU: CUDA here, or "
          "one GPU per job on a cluster), on, off.")]
@@ -137,6 +151,7 @@ def run(
     workers: WorkersOption = None,
     until_decided: UntilDecidedOption = None,
     spending: SpendingOption = "obrien_fleming",
+    futility: FutilityOption = None,
     ensembles: EnsemblesOption = "auto",
     report: ReportOption = True,
     progress: ProgressOption = True,
@@ -183,7 +198,7 @@ def run(
         slurm_max_timeouts=slurm_max_timeouts, slurm_extra=tuple(slurm_extra or ()))
     if dry_run:
         typer.echo(_dry_run(s, folder, executor, workers, ensembles, options, until_decided,
-                            spending, gpu_type, gpu_tflops, mfu))
+                            spending, futility, gpu_type, gpu_tflops, mfu))
         return
     if gpu_type is not None or gpu_tflops is not None or mfu is not None:
         from modbench.errors import ModbenchError
@@ -191,7 +206,8 @@ def run(
         raise ModbenchError("--gpu-type, --gpu-tflops and --mfu set the --dry-run estimate; "
                             "add --dry-run, or leave them out")
     c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
-                  ensembles=ensembles, progress=progress, options=options, spending=spending)
+                  ensembles=ensembles, progress=progress, options=options, spending=spending,
+                  futility=futility)
     _say_counts(s.name, folder, c, until_decided is not None)
     if report:
         from modbench.study.reporting import write_study_report
@@ -220,8 +236,8 @@ def _executor_options(items: list[str] | None, **flags: Any) -> Any:
 
 
 def _dry_run(s: StudySpec, folder: Path, executor: str, workers: int | None, ensembles: str,
-             options: Any, until_decided: int | None, spending: str, gpu_type: str | None,
-             gpu_tflops: float | None, mfu: float | None) -> str:
+             options: Any, until_decided: int | None, spending: str, futility: float | None,
+             gpu_type: str | None, gpu_tflops: float | None, mfu: float | None) -> str:
     """``study run --dry-run``: what the run refuses of the spec with these options, refused
     here too; else the plan of every stage, as text."""
     from modbench.study.plan import format_plan, plan_study, throughput
@@ -231,7 +247,7 @@ def _dry_run(s: StudySpec, folder: Path, executor: str, workers: int | None, ens
     check_study_run(s, expand(s), until_decided)
     plan = plan_study(s, folder, executor, workers=workers, ensembles=ensembles,
                       options=options, rate=throughput(gpu_type, gpu_tflops, mfu),
-                      until_decided=until_decided, spending=spending)
+                      until_decided=until_decided, spending=spending, futility=futility)
     return format_plan(plan)
 
 

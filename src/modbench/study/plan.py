@@ -90,7 +90,8 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                workers: int | None = None, ensembles: str = "auto",
                options: Mapping[str, Any] | None = None,
                rate: Throughput | None = None, until_decided: int | None = None,
-               spending: str = "obrien_fleming") -> StudyPlan:
+               spending: str = "obrien_fleming",
+               futility: float | None = None) -> StudyPlan:
     """The jobs ``modbench study run`` would start for ``spec`` into ``out`` (runs the study
     folder already has done are left out), with their resources and estimated GPU-hours; the
     executor's kind (:mod:`modbench.study.executors`) reads and checks its options and gives
@@ -104,7 +105,8 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
     kind = executors.get(executor)
     opts = kind.options(options, workers)
     rate = rate or throughput()
-    own, *later = stages_for(spec, out, RunSettings(until_decided, spending))
+    own, *later = stages_for(spec, out, RunSettings(until_decided, spending,
+                                                    futility=futility))
     runs = own.runs() or []
     done = done_keys(Path(out))
     todo = [r for r in runs if r.key not in done]

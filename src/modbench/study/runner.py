@@ -118,6 +118,18 @@ def check_spending(spending: str) -> None:
                             f"{spending!r}")
 
 
+def check_futility(futility: float | None) -> None:
+    """``--futility``: a conditional power between 0 and 1 (None: off)."""
+    from modbench.analysis.stats import check_futility as check
+
+    try:
+        check(futility)
+    except ValueError:
+        raise ModbenchError(f"--futility must be a conditional power between 0 and 1, "
+                            f"exclusive (e.g. 0.1), got {futility!r}; leave it out to never "
+                            "stop a method for futility") from None
+
+
 def check_study_run(spec: StudySpec, runs: list[RunSpec], until_decided: int | None) -> None:
     """What ``modbench study run`` refuses of a spec with its options before anything is
     written, which ``--dry-run`` refuses too: ``--until-decided`` on a tuned study, and a
@@ -136,12 +148,14 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               options: Mapping[str, Any] | None = None,
               spending: str = "obrien_fleming",
               runs: list[RunSpec] | None = None,
-              replicate: Sequence[str] = ()) -> dict[str, Any]:
+              replicate: Sequence[str] = (),
+              futility: float | None = None) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``, stage by stage
     (:mod:`modbench.study.stages`): the study's own runs; with ``until_decided=N`` the seeds a
     group-sequential design adds, up to N per group (Lan–DeMets ``spending``:
-    ``obrien_fleming`` or ``pocock``; :mod:`modbench.study.stages.sequential`); with a
-    ``tuning`` block its tuning and tuned stages in ``out/tuning`` and ``out/tuned``
+    ``obrien_fleming`` or ``pocock``; ``futility``: stop a method whose conditional power
+    under the current trend is below it, None never; :mod:`modbench.study.stages.sequential`);
+    with a ``tuning`` block its tuning and tuned stages in ``out/tuning`` and ``out/tuned``
     (:mod:`modbench.study.stages.tuning`). Every stage's runs are added to the counts.
 
     ``executor``: a registered executor's name (:func:`modbench.study.executors.names`:
@@ -156,13 +170,14 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     """
     check_until_decided(until_decided)
     check_spending(spending)
+    check_futility(futility)
     kind = executors.get(executor)  # an unknown name: one line, before anything is written
     if spec.methods_from:  # a spec built in Python: its plugins, recorded absolute
         from modbench.methods.plugins import load_plugins
 
         spec.methods_from = [p.ref for p in load_plugins(spec.methods_from)]
     stages = stages_for(spec, out, RunSettings(
-        until_decided, spending, runs, replicate=tuple(replicate),
+        until_decided, spending, runs, futility=futility, replicate=tuple(replicate),
         only=("replication",) if replicate else None))
     check_study_run(spec, stages[0].runs() or [], until_decided)
     for stage in stages:

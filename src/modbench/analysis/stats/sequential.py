@@ -1,6 +1,7 @@
 """Sequential designs (``modbench study run --until-decided N``; docs/statistics.md, "Adding
 seeds until decided"): which configurations need more seeds, the alpha a look may spend
-(Lan & DeMets 1983), one look of the group-sequential design and its final verdicts.
+(Lan & DeMets 1983), the optional futility rule (conditional power, Lachin 2005), one look of
+the group-sequential design and its final verdicts.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from modbench.analysis.stats.corrections import Correction
@@ -141,6 +142,45 @@ def baseline_target(n: int, m: int, cap: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# Futility (non-binding: the efficacy boundaries above do not change)
+
+
+def final_boundary(alpha_left: float, m: int, cap: int, floor_sigmas: float = 1.0) -> float:
+    """The z a method's test must reach at the cap to be decided, at best: Holm's first step
+    ``z_{1 - alpha_left / (2 m)}`` over the ``m`` methods not yet decided, with
+    ``alpha_left`` the alpha not yet spent (the most the looks to come can spend), and at
+    least the guard ``|Δ| > floor_sigmas σ`` as a z at ``cap`` seeds against ``cap``
+    (``floor_sigmas sqrt(cap / 2)``). Infinite when no alpha is left."""
+    if not alpha_left > 0.0:
+        return math.inf
+    return max(normal_isf(alpha_left / (2.0 * max(1, m))), floor_sigmas * math.sqrt(cap / 2.0))
+
+
+def conditional_power(z: float, fraction: float, boundary: float) -> float:
+    """The conditional power under the current trend (Lachin 2005, "A review of methods for
+    futility stopping based on conditional power", Stat. Med. 24:2747–2764; Jennison &
+    Turnbull 2000, ch. 10): the chance that a statistic now at ``z`` (information fraction
+    ``fraction``) ends above ``boundary`` at fraction 1 if the effect is what it estimates
+    now, ``Phi((z / sqrt(t) - c) / sqrt(1 - t))`` (Brownian motion with drift ``z /
+    sqrt(t)``). 1 or 0 at ``t >= 1`` (``z`` against ``c``); 1 for a ``z`` that is not a
+    number (no test: nothing to stop on)."""
+    if math.isnan(z):
+        return 1.0
+    if fraction >= 1.0:
+        return 1.0 if z >= boundary else 0.0
+    if not fraction > 0.0:
+        return 1.0
+    return normal_sf((boundary - z / math.sqrt(fraction)) / math.sqrt(1.0 - fraction))
+
+
+def check_futility(futility: float | None) -> None:
+    """``futility``: a conditional power in (0, 1), or None (never stop for futility)."""
+    if futility is not None and not 0.0 < futility < 1.0:
+        raise ValueError(f"futility must be a conditional power between 0 and 1 (e.g. 0.1), "
+                         f"not {futility!r}")
+
+
+# --------------------------------------------------------------------------------------------
 # Looks
 
 
@@ -149,7 +189,12 @@ class Look:
     """One look of a sequential study at one scale: the seeds each group had, the information
     fraction, the alpha its test used (``alpha``, spent at this look) and spent so far
     (``alpha_spent``), the methods it decided (improver or degrader) and the seeds each group
-    gets before the next look (``add``; empty: this was the last look)."""
+    gets before the next look (``add``; empty: this was the last look).
+
+    ``futility``: the conditional power below which an open method stops (None: the design
+    never stops for futility); ``futile``: the methods this look stopped so, each with its
+    conditional power. Both are left out of :meth:`to_dict` when ``futility`` is None, so a
+    design without futility writes the file it wrote before they existed."""
 
     index: int
     seeds: Mapping[str, int]
@@ -161,6 +206,8 @@ class Look:
     cap: int
     spending: str = DEFAULT_SPENDING
     note: str = ""
+    futility: float | None = None
+    futile: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def last(self) -> bool:
@@ -168,7 +215,10 @@ class Look:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(seeds=dict(self.seeds), decided=dict(self.decided), add=dict(self.add))
+        d.update(seeds=dict(self.seeds), decided=dict(self.decided), add=dict(self.add),
+                 futile=dict(self.futile))
+        if self.futility is None:
+            del d["futility"], d["futile"]
         return d
 
     @classmethod
@@ -177,7 +227,9 @@ class Look:
                    alpha=float(d["alpha"]), alpha_spent=float(d["alpha_spent"]),
                    decided=dict(d["decided"]), add=dict(d["add"]), cap=int(d["cap"]),
                    spending=str(d.get("spending", DEFAULT_SPENDING)),
-                   note=str(d.get("note", "")))
+                   note=str(d.get("note", "")),
+                   futility=None if d.get("futility") is None else float(d["futility"]),
+                   futile={m: float(v) for m, v in dict(d.get("futile") or {}).items()})
 
 
 def look_fraction(n: int, n_baseline: int, cap: int, previous: float, at_cap: bool) -> float:
@@ -215,6 +267,7 @@ def sequential_look(
     baseline: str = "baseline",
     alpha: float = 0.05,
     spending: str = DEFAULT_SPENDING,
+    futility: float | None = None,
     **compare_kw: Any,
 ) -> Look:
     """The next look of a group-sequential study (``--until-decided cap``): test what the seeds
@@ -233,36 +286,45 @@ def sequential_look(
       ``alpha_k`` (``compare_kw`` as the report passes them; a ``rule`` there is used with
       its alpha replaced). A method it calls improver or degrader is decided at this look and
       gets no more seeds.
-    * **Who gets seeds next** (:func:`next_seeds`): the open methods, those not decided,
-      without a failed seed (a failure is a result) and below ``cap``. Without a noise floor
-      (fewer than 2 finite baseline seeds, or fewer than :data:`MIN_SURVIVING_BASELINE` with
-      failed ones) nothing is tested or spent and the baseline gets a seed.
+    * **Futility** (``futility`` = gamma; None: never): at a look that tested, an open method
+      below the cap whose :func:`conditional_power` under the current trend is below gamma
+      (its test's two-sided p as ``z = Phi^-1(1 - p/2)``, its own
+      :func:`information_fraction`, the :func:`final_boundary` of the alpha left after this
+      look over the methods not decided) is stopped: it gets no more seeds and is not tested
+      again (``futile``). Non-binding: the alpha each look spends is the same function of
+      its information fraction, so stopping only removes chances to reject.
+    * **Who gets seeds next** (:func:`next_seeds`): the open methods, those not decided nor
+      stopped, without a failed seed (a failure is a result) and below ``cap``. Without a
+      noise floor (fewer than 2 finite baseline seeds, or fewer than
+      :data:`MIN_SURVIVING_BASELINE` with failed ones) nothing is tested or spent and the
+      baseline gets a seed.
 
     Pure: the caller keeps the looks (``history``, oldest first) and adds the seeds.
     """
     if cap < 1:
         raise ValueError(f"cap must be at least 1, got {cap}")
+    check_futility(futility)
     if baseline not in table:
         raise KeyError(f"baseline {baseline!r} is not in the table")
     groups = {m: group(s) for m, s in table.items()}
     seeds = {m: len(g.values) if not g.whole_none else 1 for m, g in groups.items()}
-    decided_before = {m for look in history for m in look.decided}
+    closed = {m for look in history for m in (*look.decided, *look.futile)}
     prev_t = history[-1].fraction if history else 0.0
     spent = history[-1].alpha_spent if history else 0.0
     index = len(history) + 1
     base = groups[baseline]
 
     def look(t: float, a: float, decided: Mapping[str, str], add: Mapping[str, int],
-             note: str = "") -> Look:
+             note: str = "", futile: Mapping[str, float] | None = None) -> Look:
         return Look(index, seeds, t, a, spent + a, dict(decided), dict(add), cap, spending,
-                    note)
+                    note, futility, dict(futile or {}))
 
     need = MIN_SURVIVING_BASELINE if base.n_diverged else 2
     if base.n < need:
         more = {baseline: 1} if seeds[baseline] < cap else {}
         return look(prev_t, 0.0, {}, more, f"no noise floor ({base.n} finite baseline seeds)")
     methods = [m for m in table if m != baseline]
-    candidates = [m for m in methods if m not in decided_before and groups[m].n > 0]
+    candidates = [m for m in methods if m not in closed and groups[m].n > 0]
     if not candidates:
         return look(prev_t, 0.0, {}, {}, "nothing left to decide")
     open_ = [m for m in candidates if groups[m].n_diverged == 0]
@@ -271,17 +333,46 @@ def sequential_look(
     t = look_fraction(n, base.n, cap, prev_t, at_cap)
     a = max(0.0, alpha_spent(t, alpha, spending) - alpha_spent(prev_t, alpha, spending))
     decided: dict[str, str] = {}
+    futile: dict[str, float] = {}
     if a > 0.0:
-        rule = compare_kw.pop("rule", None)
-        if isinstance(rule, VerdictRule):
-            res = compare(table, baseline, rule=dataclasses.replace(rule, alpha=a),
-                          **compare_kw)
-        else:
-            res = compare(table, baseline, alpha=a, **compare_kw)
+        res, floor_sigmas = _compare_at(table, baseline, a, compare_kw)
         decided = {r.method: str(r.verdict) for r in res if r.method in candidates
                    and r.verdict in (Verdict.IMPROVER, Verdict.DEGRADER)}
-    still = [(m, groups[m].n) for m in open_ if m not in decided and groups[m].n < cap]
-    return look(t, a, decided, next_seeds(still, baseline, base.n, cap))
+        if futility is not None:
+            c = final_boundary(alpha - alpha_spent(t, alpha, spending),
+                               len(candidates) - len(decided), cap, floor_sigmas)
+            futile = _futile(res, [m for m in open_ if m not in decided and groups[m].n < cap],
+                             base.n, cap, c, futility)
+    still = [(m, groups[m].n) for m in open_
+             if m not in decided and m not in futile and groups[m].n < cap]
+    return look(t, a, decided, next_seeds(still, baseline, base.n, cap), futile=futile)
+
+
+def _compare_at(table: Mapping[str, Scores], baseline: str, a: float,
+                compare_kw: Mapping[str, Any]) -> tuple[list[MethodResult], float]:
+    """:func:`compare` at alpha ``a`` (a ``rule`` in ``compare_kw`` with its alpha replaced),
+    and the rule's guard in sigmas."""
+    kw = dict(compare_kw)
+    rule = kw.pop("rule", None)
+    if isinstance(rule, VerdictRule):
+        res = compare(table, baseline, rule=dataclasses.replace(rule, alpha=a), **kw)
+        return res, rule.floor_sigmas
+    return compare(table, baseline, alpha=a, **kw), float(kw.get("floor_sigmas", 1.0))
+
+
+def _futile(results: Sequence[MethodResult], open_: Sequence[str], n_baseline: int, cap: int,
+            boundary: float, futility: float) -> dict[str, float]:
+    """The methods of ``open_`` whose conditional power (their test's p as a z, their
+    information fraction, ``boundary``) is below ``futility``, with it."""
+    by = {r.method: r for r in results}
+    out: dict[str, float] = {}
+    for m in open_:
+        r = by[m]
+        z = normal_isf(r.p / 2.0) if math.isfinite(r.p) else NAN
+        cp = conditional_power(z, information_fraction(r.n, n_baseline, cap), boundary)
+        if cp < futility:
+            out[m] = cp
+    return out
 
 
 def sequential_alpha(looks: Sequence[Look], alpha: float = 0.05) -> float:
@@ -296,11 +387,13 @@ def sequential_verdicts(results: Sequence[MethodResult], looks: Sequence[Look]
     """A sequential study's verdicts: ``results`` (:func:`~modbench.analysis.stats.compare`
     of the final seeds at :func:`sequential_alpha`) with each method decided at a look given
     that look's verdict (the decision stands: its seeds stopped there), and an improver or
-    degrader that no look decided (seeds added after the last look) made ``within_noise``;
-    each note says which."""
+    degrader that no look decided (seeds added after the last look, or a method a look
+    stopped for futility) made ``within_noise``; each note says which, and at which look a
+    method was stopped for futility."""
     if not looks:
         return list(results)
     decided = {m: (lk, v) for lk in looks for m, v in lk.decided.items()}
+    futile = {m: (lk, cp) for lk in looks for m, cp in lk.futile.items()}
     k = len(looks)
     out: list[MethodResult] = []
     for r in results:
@@ -315,6 +408,13 @@ def sequential_verdicts(results: Sequence[MethodResult], looks: Sequence[Look]
             verdict = Verdict(v)
             note.append(f"sequential: decided {v} at look {lk.index} of {k} (α = "
                         f"{lk.alpha:.2g} spent there, {lk.seeds.get(r.method, r.n)} seeds)")
+        elif r.method in futile:
+            lk, cp = futile[r.method]
+            if r.verdict in (Verdict.IMPROVER, Verdict.DEGRADER):
+                verdict = Verdict.WITHIN_NOISE
+            note.append(f"sequential: stopped for futility at look {lk.index} of {k} "
+                        f"(conditional power {cp:.2g} < {lk.futility:g}, "
+                        f"{lk.seeds.get(r.method, r.n)} seeds)")
         elif r.verdict in (Verdict.IMPROVER, Verdict.DEGRADER):
             verdict = Verdict.WITHIN_NOISE
             note.append("sequential: no look decided it (seeds added after the last look)")

@@ -30,13 +30,16 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RunSettings:
     """What ``modbench study run`` was given that decides which stages a study has:
-    ``--until-decided`` (None: off) and ``--spending``. ``runs``: the study's own runs in place
+    ``--until-decided`` (None: off), ``--spending`` and ``--futility`` (the conditional power
+    below which a look stops a method; None: off). ``runs``: the study's own runs in place
     of its spec's (None: :func:`modbench.study.spec.expand`). ``replicate`` and ``only``:
     ``modbench study replicate``'s changes, and the stages it runs."""
 
     until_decided: int | None = None
     spending: str = "obrien_fleming"
     runs: list[RunSpec] | None = None
+    #: ``--futility``: the conditional power below which a look stops a method (None: never)
+    futility: float | None = None
     #: ``modbench study replicate --change``: the changes to replicate the study under
     replicate: tuple[str, ...] = ()
     #: the stages to run (None: every stage the study has), e.g. ``("replication",)``

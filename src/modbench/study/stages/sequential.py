@@ -2,7 +2,9 @@
 own runs, seeds are added in looks, up to N seeds per group. At each look every scale is
 judged by the verdict's own test at the alpha that look spends (Lan–DeMets ``--spending``:
 ``obrien_fleming`` or ``pocock``; :func:`modbench.analysis.stats.sequential_look`), the
-baseline's seeds first, one more seed for each method not yet decided. The looks are kept in
+baseline's seeds first, one more seed for each method not yet decided; with ``--futility
+GAMMA`` a method whose conditional power under the current trend is below GAMMA gets no more
+seeds (stopped for futility, non-binding). The looks are kept in
 the study folder (``analysis.results.LOOKS_FILE``), and the report judges the study by them
 (docs/statistics.md, "Sequential seeds")."""
 
@@ -15,7 +17,7 @@ from modbench.analysis.results import ALPHA, LOOKS_FILE, StudyResults, read_look
 from modbench.errors import ModbenchError
 from modbench.fsutil import atomic_write_text
 from modbench.report.blocks import Block
-from modbench.report.trajectory import sequential_section
+from modbench.report.trajectory import futility_words, sequential_section
 from modbench.study.costs import StagePlan, Throughput, run_flops
 from modbench.study.results import load_rows
 from modbench.study.spec import RunSpec, StudySpec, expand, run_spec
@@ -43,7 +45,8 @@ class SequentialStage(Stage):
             return
         asked: set[str] = set()
         while True:
-            runs = undecided_runs(self.spec, self.folder, cap, self.settings.spending)
+            runs = undecided_runs(self.spec, self.folder, cap, self.settings.spending,
+                                  self.settings.futility)
             if {r.key for r in runs} <= asked:  # nothing asked, or the same runs: they failed
                 return
             asked = {r.key for r in runs}
@@ -52,7 +55,7 @@ class SequentialStage(Stage):
 
     def plan(self, rate: Throughput | None) -> StagePlan | None:
         """At most every group filled to the cap: an upper bound (the looks stop a group as
-        soon as it is decided)."""
+        soon as it is decided, or stopped for futility)."""
         cap = self.settings.until_decided
         if cap is None:
             return None
@@ -65,10 +68,12 @@ class SequentialStage(Stage):
             extra = [s for s in range(first, first + 2 * cap) if s not in have][:cap - len(have)]
             more += [run_spec(self.spec, scale, method, s) for s in extra]
         flops = sum(run_flops(r.config) for r in more)
+        futility = self.settings.futility
+        stop = "" if futility is None else f" nor stopped for futility (below {futility:g})"
         return StagePlan(self.name, self.folder, len(more), 0, flops,
                          f"seeds added by looks up to {cap} per group "
                          f"({self.settings.spending} α-spending), only to methods not yet "
-                         "decided", known=False, gpu_hours=hours(flops, rate),
+                         f"decided{stop}", known=False, gpu_hours=hours(flops, rate),
                          upper_bound=True, runs_bound=True)
 
     def status(self) -> list[StatusPart]:
@@ -78,7 +83,8 @@ class SequentialStage(Stage):
                 last = looks[-1]
                 asked = sum(last.add.values())
                 lines.append(f"  sequential {scale}: {len(looks)} look(s) (--until-decided "
-                             f"{last.cap}, {last.spending} spending), α spent "
+                             f"{last.cap}, {last.spending} spending{futility_words(looks)}), "
+                             "α spent "
                              f"{last.alpha_spent:.3g} of {ALPHA:g}; the last look "
                              + (f"asked for {asked} more seed(s)" if asked else "asked for none"))
         return [StatusPart(lines=lines)] if lines else []
@@ -88,13 +94,15 @@ class SequentialStage(Stage):
 
 
 def undecided_runs(spec: StudySpec, out: str | Path, cap: int,
-                   spending: str = "obrien_fleming") -> list[RunSpec]:
+                   spending: str = "obrien_fleming", futility: float | None = None
+                   ) -> list[RunSpec]:
     """One look of the group-sequential design at each scale
-    (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule): the new
-    seeds it asks for (a method's next seed numbers above its first, a gap first: a run of an
-    earlier wave left unfinished), the look recorded in the study folder (``LOOKS_FILE``). A
-    scale whose last look asked for nothing and whose seeds have not changed since gets no new
-    look."""
+    (:func:`modbench.analysis.stats.sequential_look`, with the report's verdict rule and
+    ``futility``): the new seeds it asks for (a method's next seed numbers above its first, a
+    gap first: a run of an earlier wave left unfinished), the look recorded in the study
+    folder (``LOOKS_FILE``). A scale whose last look asked for nothing and whose seeds have
+    not changed since gets no new look. Looks planned with another cap, spending function or
+    futility setting are refused in one line."""
     # read through their module when called (the report's own table and rule, tested so)
     from modbench.analysis.results import (
         default_metric,
@@ -113,16 +121,17 @@ def undecided_runs(spec: StudySpec, out: str | Path, cap: int,
         if spec.baseline not in table:
             continue
         history = looks.setdefault(scale, [])
-        if history and (history[-1].cap, history[-1].spending) != (cap, spending):
+        last = history[-1] if history else None
+        if last and (last.cap, last.spending, last.futility) != (cap, spending, futility):
             raise ModbenchError(
-                f"the looks of {scale} were planned for --until-decided {history[-1].cap} "
-                f"--spending {history[-1].spending}; go on with those, or remove "
-                f"{Path(out) / LOOKS_FILE} to start a new design")
+                f"the looks of {scale} were planned for --until-decided {last.cap} "
+                f"--spending {last.spending}{futility_flag(last.futility)}; go on with "
+                f"those, or remove {Path(out) / LOOKS_FILE} to start a new design")
         seeds = {m: len(s) for m, s in table.items()}
         if history and history[-1].last and dict(history[-1].seeds) == seeds:
             continue
         look = sequential_look(table, history, cap, baseline=spec.baseline, alpha=ALPHA,
-                               spending=spending, n_resamples=1,
+                               spending=spending, futility=futility, n_resamples=1,
                                **verdict_options(rows, scale, metric,
                                                  list(spec.seeds.anchors), table))
         history.append(look)
@@ -138,6 +147,11 @@ def undecided_runs(spec: StudySpec, out: str | Path, cap: int,
     if any(looks.values()):
         atomic_write_text(Path(out) / LOOKS_FILE, looks_json(looks))
     return new
+
+
+def futility_flag(futility: float | None) -> str:
+    """How a design's futility setting is given on the command line."""
+    return " without --futility" if futility is None else f" --futility {futility:g}"
 
 
 register(SequentialStage)
