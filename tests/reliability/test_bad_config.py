@@ -92,6 +92,7 @@ POOLS: dict[str, list[Any]] = {
     # true (and YAML's yes) is valid but compiles for minutes; auto is eager on the CPU
     "train.compile": [False, "auto", "always", 1, None],
     "train.threads": [0, 1, -1],
+    "train.onednn": [True, False, "yes", 1, None],
     "train.init_from": [None, "/nonexistent/run", 5, "", ["a"]],
     "train.parallel": ["ddp", "fsdp", "zero", "", 1],
     "train.dist_timeout": [1800, 0.5, 0, -5, "x", True, ".inf", None],
