@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -136,6 +137,18 @@ def loss_of(method: str, seed: int) -> float:
     return 3.0 + spread - (0.2 if method == "qknorm" else 0.0)
 
 
+def seq_spec(tmp_path: Path) -> Any:
+    """The sequential tests' study: qknorm (4 sigma better by loss_of), two nulls, 3 seeds."""
+    from modbench.study.spec import load_spec
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "seq", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
+        "seeds": {"default": [0, 1, 2], "noise_floor": [0, 1, 2], "anchors": []},
+        "scales": ["tiny"], "overrides": ["train.steps=4"], "evaluation": {"probes": False}}))
+    return load_spec(spec_file)
+
+
 def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_study's loop: each wave is what the last recorded look asked for, the looks are in
     the study folder, and the report's verdicts are the looks' (the 4 sigma method decided at
@@ -143,16 +156,10 @@ def test_until_decided_runs_the_looks(tmp_path: Path, monkeypatch: pytest.Monkey
     import modbench.study.runner as runner
     from modbench.analysis.results import LOOKS_FILE, read_looks
     from modbench.study.results import load_results
-    from modbench.study.spec import load_spec
 
     rec = RecordingExecutor(lambda folder, method, seed: loss_of(method, seed)).install(
         monkeypatch)
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "name": "seq", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
-        "seeds": {"default": [0, 1, 2], "noise_floor": [0, 1, 2], "anchors": []},
-        "scales": ["tiny"], "overrides": ["train.steps=4"], "evaluation": {"probes": False}}))
-    spec = load_spec(spec_file)
+    spec = seq_spec(tmp_path)
     out = tmp_path / "s"
     with pytest.raises(ModbenchError, match="spending"):
         runner.run_study(spec, out, until_decided=6, spending="linear", progress=False)
@@ -330,16 +337,10 @@ def test_futility_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     import modbench.study.runner as runner
     from modbench.analysis.results import read_looks
     from modbench.study.results import load_results
-    from modbench.study.spec import load_spec
 
     rec = RecordingExecutor(lambda folder, method, seed: loss_of(method, seed)).install(
         monkeypatch)
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "name": "seq", "baseline": "baseline", "methods": ["qknorm", "post_ln", "softcap"],
-        "seeds": {"default": [0, 1, 2], "noise_floor": [0, 1, 2], "anchors": []},
-        "scales": ["tiny"], "overrides": ["train.steps=4"], "evaluation": {"probes": False}}))
-    spec = load_spec(spec_file)
+    spec = seq_spec(tmp_path)
     out = tmp_path / "s"
     runner.run_study(spec, out, until_decided=6, futility=0.1, progress=False)
     looks = read_looks(out)["tiny"]

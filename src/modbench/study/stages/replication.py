@@ -169,9 +169,10 @@ class ReplicationStage(Stage):
     def folder_of(self, change: Change) -> Path:
         return self.out / REPLICATE_DIR / change.folder_name
 
-    def decided(self) -> dict[str, list[str]]:
-        """Per scale, the methods whose verdict the study decided (from its runs now)."""
-        results = load_results(self.out)
+    def decided(self, results: StudyResults | None = None) -> dict[str, list[str]]:
+        """Per scale, the methods whose verdict the study decided (``results``: the study's,
+        None: read from its runs now)."""
+        results = results or load_results(self.out)
         return {scale: [r.method for r in res if str(r.verdict) in DECIDED]
                 for scale, res in results.comparisons.items()}
 
@@ -191,10 +192,10 @@ class ReplicationStage(Stage):
             expand(change.apply(self.spec))  # every changed run resolves
 
     def run(self, session: Session) -> None:
-        decided = self.decided()
+        original = load_results(self.out)  # read once: the verdicts, and what was decided
+        decided = self.decided(original)
         if not any(decided.values()):
             return  # nothing decided: nothing to replicate (the report says so)
-        original = load_results(self.out)
         for change in self.changes():
             changed = change.apply(self.spec)
             runs = self.runs_of(change, decided)
