@@ -129,16 +129,20 @@ class RateCell:
     mean: float | None  # mean final loss of the finite seeds (None: none finite)
     lo: float | None  # 95 % t interval of that mean (None: fewer than 2 finite seeds)
     hi: float | None
+    dropped: int = 0  # of them dropped by the halving rule (then mean, lo, hi are None)
 
     @property
     def stable(self) -> bool:
-        """Every seed run at this rate trained (at least one run, none failed)."""
+        """Every seed run at this rate trained (at least one run, none failed; a point the
+        halving rule dropped trained as far as it ran)."""
         return self.seeds > 0 and self.failed == 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (NaN / inf as None)."""
-        return {k: _json(getattr(self, k))
-                for k in ("rate", "seeds", "failed", "mean", "lo", "hi")}
+        """JSON-ready dict (NaN / inf as None); ``dropped`` only where the halving rule
+        dropped the point."""
+        keys = ("rate", "seeds", "failed", "mean", "lo", "hi", *(("dropped",) if self.dropped
+                                                                   else ()))
+        return {k: _json(getattr(self, k)) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -190,9 +194,9 @@ def _cell(rate: float, runs: Losses) -> RateCell:
 
 
 def _eligible(cells: Sequence[RateCell]) -> npt.NDArray[np.bool_]:
-    """The rates the best rate is chosen among: those where every seed trained, or, if there
-    are none, those with any finite seed."""
-    stable = np.array([c.stable for c in cells], dtype=bool)
+    """The rates the best rate is chosen among: those where every seed trained (to the end:
+    not dropped by the halving rule), or, if there are none, those with any finite seed."""
+    stable = np.array([c.stable and not c.dropped for c in cells], dtype=bool)
     if stable.any():
         return stable
     return np.array([c.mean is not None for c in cells], dtype=bool)
@@ -250,8 +254,8 @@ def _bootstrap_best(matrix: npt.NDArray[np.float64], rates: npt.NDArray[np.float
 
 
 def method_profile(method: str, table: LossTable, init_loss: Mapping[int, float] | float, *,
-                   tolerance: float = 0.02, n_resamples: int = 2000, seed: int = 0
-                   ) -> MethodProfile:
+                   tolerance: float = 0.02, n_resamples: int = 2000, seed: int = 0,
+                   dropped: LossTable | None = None) -> MethodProfile:
     """One method's learning-rate profile from ``table`` (``{rate: {seed: final loss or
     None}}``) and its loss at initialisation ``init_loss`` (ℓ0 per seed, or one value for
     every seed).
@@ -279,6 +283,14 @@ def method_profile(method: str, table: LossTable, init_loss: Mapping[int, float]
       neighbouring rates a factor 2 apart.
     * ``max_stable_rate``: the largest rate at which every seed trained (None: none).
 
+    ``dropped`` (the halving rule's, ``{rate: {seed: loss when dropped}}``, rates of
+    ``table``, whose own entries there are then ignored): such a point has no final loss, so
+    its cell counts its runs as ``dropped`` with no mean, and it is never the best rate nor in
+    the basin; it counts as trained for ``max_stable_rate`` (it trained as far as it ran); and
+    each seed's sensitivity takes its loss when dropped (capped at ℓ0 as every point): the
+    loss still falls after a drop, so the point's term, and the sensitivity, are upper bounds
+    (docs/statistics.md, "Successive halving").
+
     Rates must be positive and finite (ValueError); a seed without ℓ0 in a mapping
     ``init_loss`` raises KeyError. An empty table gives an empty profile.
     """
@@ -289,7 +301,12 @@ def method_profile(method: str, table: LossTable, init_loss: Mapping[int, float]
     if len(set(rates)) != len(rates):
         raise ValueError("duplicate rates in the table")
     by_rate = {float(r): runs for r, runs in table.items()}
-    cells = tuple(_cell(r, by_rate[r]) for r in rates)
+    cut = {float(r): runs for r, runs in (dropped or {}).items()}
+    if not set(cut) <= set(by_rate):
+        raise ValueError(f"dropped rates {sorted(set(cut) - set(by_rate))} are not in the table")
+    by_rate.update(cut)
+    cells = tuple(RateCell(r, len(cut[r]), 0, None, None, None, dropped=len(cut[r]))
+                  if r in cut else _cell(r, by_rate[r]) for r in rates)
 
     seeds = sorted({int(s) for runs in by_rate.values() for s in runs})
     matrix = np.full((len(seeds), len(rates)), np.nan, dtype=np.float64)
@@ -405,3 +422,55 @@ def rate_dependent(verdicts_by_rate: Mapping[float, str]) -> bool:
     not a reversal."""
     seen = {str(v) for v in verdicts_by_rate.values()}
     return "improver" in seen and "degrader" in seen
+
+# --------------------------------------------------------------------------------------------
+# Successive halving: grid points dropped early
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A grid point the halving rule drops at a rung (:func:`halving_drops`)."""
+
+    point: int  # its index in the grid
+    best: int  # the point it was compared with: the lowest mean loss at the rung
+    gap: float  # the mean over the seeds of its loss minus the best point's, at the rung
+    min_gap: float  # the smallest seed's gap (above the margin: every seed is clearly worse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"point": self.point, "best": self.best, "gap": _json(self.gap),
+                "min_gap": _json(self.min_gap)}
+
+
+def halving_drops(losses: Sequence[Mapping[int, float | None] | None], margin: float
+                  ) -> list[Drop]:
+    """The grid points of one method that a rung of the halving rule drops.
+
+    ``losses[i]``: grid point i's validation loss at the rung, by seed; None for a point out
+    of the running (dropped at an earlier rung, or ended: diverged or stalled). A point with a
+    seed whose loss is missing or not finite is not compared (a run that failed ends by itself,
+    a failed outcome the profile keeps). Among the others, the best point is the one of lowest
+    mean loss over its seeds (a tie: the lower index); a point is dropped when, on every seed
+    it shares with the best point, its loss is above that seed's loss at the best point by
+    more than ``margin`` (paired by seed: the same initial weights and batches), so a point is
+    dropped only if it is clearly worse on each seed, not on average. Returns the drops in
+    grid order (none with fewer than two comparable points).
+    """
+    if not (isinstance(margin, int | float) and math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a finite loss difference >= 0, got {margin!r}")
+    live = {i: {int(s): float(v) for s, v in runs.items() if v is not None}
+            for i, runs in enumerate(losses) if runs}
+    live = {i: runs for i, runs in live.items()
+            if runs and len(runs) == len(losses[i] or {})
+            and all(math.isfinite(v) for v in runs.values())}
+    if len(live) < 2:
+        return []
+    best = min(live, key=lambda i: (float(np.mean(list(live[i].values()))), i))
+    out: list[Drop] = []
+    for i, runs in sorted(live.items()):
+        shared = sorted(set(runs) & set(live[best]))
+        if i == best or not shared:
+            continue
+        gaps = np.array([runs[s] - live[best][s] for s in shared], dtype=np.float64)
+        if float(gaps.min()) > margin:
+            out.append(Drop(i, best, float(gaps.mean()), float(gaps.min())))
+    return out

@@ -25,7 +25,7 @@ PROFILE_FILE = "profile.json"  # in PROFILE_DIR: the profiles, verdicts and flag
 
 #: a grid point's verdict in the table's compact column
 MARKS = {"improver": "+", "degrader": "−", "within_noise": "·", "diverged": "d",
-         "stalled": "s", "baseline": "=", "undetermined": "?"}
+         "stalled": "s", "baseline": "=", "undetermined": "?", "dropped": "h"}
 
 
 def read_profile(folder: str | Path) -> dict[str, Any] | None:
@@ -79,9 +79,21 @@ def _intro(data: dict[str, Any]) -> str:
             "log2 units) and the largest rate that trains on every seed. The sensitivity "
             "verdict judges the seeds' sensitivities against the baseline's by the study's "
             f"rule; the verdicts column is the study's verdict on `{data['metric']}` at each "
-            "grid point (+ improver, − degrader, · within noise, d diverged, s stalled). A "
+            "grid point (+ improver, − degrader, · within noise, d diverged, s stalled, h "
+            "dropped by the halving rule). A "
             "method with an improver at one rate and a degrader at another is "
             "**rate-dependent**.")
+    halving = data.get("halving")
+    if halving:
+        trained, planned = halving["steps_trained"], halving["steps_planned"]
+        text += (f" Successive halving: at {', '.join(f'{a:g}' for a in halving['at'])} of "
+                 "the steps, a point whose loss was above its method's best point's by more "
+                 f"than {halving['margin']:g} on every seed stopped there (h; "
+                 f"{len(halving['decisions'])} point(s) dropped; "
+                 f"{trained:,} of {planned:,} planned steps trained, "
+                 f"{trained / planned if planned else 0:.0%}); a dropped point enters the "
+                 "sensitivity at its loss when dropped, so the sensitivity is an upper bound "
+                 "there.")
     if data.get("select_seeds"):
         text += (" Each method's own best rate was chosen on selection seed(s) "
                  f"{', '.join(map(str, data['select_seeds']))}, which the verdict at it does "
@@ -111,6 +123,9 @@ def _figure(scale: str, per: dict[str, Any], data: dict[str, Any], baseline: str
         failed = [c["rate"] for c in cells if c["failed"]]
         if failed:
             ax.plot(failed, [top] * len(failed), "x", color=colours[m], ms=9, mew=2)
+        dropped = [c["rate"] for c in cells if c.get("dropped")]
+        if dropped:
+            ax.plot(dropped, [top] * len(dropped), "v", color=colours[m], ms=7, mfc="none")
     ax.set_xscale("log", base=2)
     ticks = sorted({c["rate"] for p in per["profiles"].values() for c in p["cells"]})
     if len(ticks) <= 12:
@@ -118,7 +133,8 @@ def _figure(scale: str, per: dict[str, Any], data: dict[str, Any], baseline: str
         ax.minorticks_off()
     ax.set_xlabel("learning rate")
     ax.set_ylabel(f"final {data['loss']}")
-    ax.set_title(f"Learning-rate profile — {scale} (× failed on a seed)")
+    ax.set_title(f"Learning-rate profile — {scale} (× failed on a seed"
+                 + (", ▽ dropped by halving)" if data.get("halving") else ")"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return _save(fig, out / f"lr_profile_{scale}.png")
 
@@ -168,7 +184,7 @@ def _sentences(per: dict[str, Any], data: dict[str, Any], baseline: str) -> list
         verdicts = [next((str(r["verdict"]) for r in point if r["method"] == m), "")
                     for point in per["by_point"]]
         both = [points[i] for i, point in enumerate(per["by_point"])
-                if not any(r["verdict"] in ("diverged", "stalled") for r in point
+                if not any(r["verdict"] in ("diverged", "stalled", "dropped") for r in point
                            if r["method"] in (m, baseline))]
         better = [points[i] for i, v in enumerate(verdicts) if v == "improver"]
         worse = [points[i] for i, v in enumerate(verdicts) if v == "degrader"]

@@ -257,6 +257,8 @@ def _say_counts(name: str, folder: Path, c: dict[str, Any], sequential: bool) ->
                f"done, {c['trained']} trained, {c['diverged']} diverged, {c['stalled']} stalled, "
                f"{c['failed']} failed"
                + (f", {c['busy']} held by other workers" if c["busy"] else "")
+               + (f", {c['dropped']} dropped by the profile's halving rule"
+                  if c.get("dropped") else "")
                + (f", {c['added_seeds']} seeds added" if sequential else ""))
     for f in c["failures"]:
         typer.echo(f"  failed: {f}", err=True)

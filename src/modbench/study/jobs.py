@@ -47,6 +47,9 @@ class Job:
     # the study's method plugins (absolute refs, modbench.methods.plugins), imported first
     # in whatever process runs the job (a local worker, a Ray task, a SLURM job)
     plugins: tuple[str, ...] = ()
+    # pause the runs after this step (modbench.train.trainer.Trainer.until; the learning-rate
+    # profile's halving rule): they go back to pending in the index, checkpointed, to resume
+    until: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What a pickle of the job holds: the configs in their serialised form."""
@@ -67,7 +70,7 @@ class Job:
 class JobResult:
     key: str
     label: str
-    outcome: str  # trained | skipped | failed | busy
+    outcome: str  # trained | skipped | failed | busy | paused
     status: str | None = None  # completed | diverged
     error: str | None = None
 
@@ -137,15 +140,16 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
     try:
         if len(group) == 1:
             m = group[0]
-            if job.nproc > 1:
+            if job.nproc > 1:  # a torchrun group trains to the end (no pause)
                 summaries = [_launch(m.config, m.run, job.nproc, resume)]
             else:
-                summaries = [train(m.config, m.run, resume=resume, progress=False)]
+                summaries = [train(m.config, m.run, resume=resume, progress=False,
+                                   until=job.until)]
         else:
             seeds = [m.config.seed for m in group]
             try:
                 summaries = train_seeds(group[0].config, seeds, [m.run for m in group],
-                                        resume=resume, progress=False)
+                                        resume=resume, progress=False, until=job.until)
             except ModbenchError as e:
                 if "cannot resume these seeds together" not in str(e):
                     raise
@@ -158,7 +162,14 @@ def _train_group(store: Store, job: Job, group: list[_Member]) -> list[JobResult
             store.fail(m.key, msg)
         return [JobResult(m.key, m.label, "failed", error=msg.strip().splitlines()[-1])
                 for m in group]
-    return [_finish(store, job, m, s, "trained") for m, s in zip(group, summaries, strict=True)]
+    out = []
+    for m, s in zip(group, summaries, strict=True):
+        if s["status"] == "paused":  # checkpointed at job.until: pending again, to resume
+            store.release(m.key)
+            out.append(JobResult(m.key, m.label, "paused", "paused"))
+        else:
+            out.append(_finish(store, job, m, s, "trained"))
+    return out
 
 
 def _launch(cfg: RunConfig, run: Path, nproc: int, resume: bool) -> dict[str, Any]:

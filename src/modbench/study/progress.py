@@ -263,7 +263,7 @@ class StudyProgress:
                 v.clock.observe(now, v.step)
 
     def finished(self, result: Any) -> None:
-        """A result from the executor (``outcome``: trained, skipped, failed or busy)."""
+        """A result from the executor (``outcome``: trained, skipped, failed, busy or paused)."""
         if not self.enabled:
             return
         with self.lock:
@@ -272,7 +272,7 @@ class StudyProgress:
                 return
             if v.run_dir is not None:
                 self._read(v, None)  # its last numbers (its final step is not a step time)
-            v.state = "failed" if result.outcome == "failed" else "done"
+            v.state = {"failed": "failed", "paused": "paused"}.get(result.outcome, "done")
             v.status = result.status or result.outcome
             v.finished_at = self.clock()
             if v.status == "completed":

@@ -237,7 +237,8 @@ class StudySession:
         self.memory = stack_memory(ex.gpus_per_job) if stack else None
         self.counts: dict[str, Any] = {
             "total": 0, "already_done": 0, "trained": 0, "skipped": 0, "failed": 0, "busy": 0,
-            "diverged": 0, "stalled": 0, "added_seeds": 0, "failures": []}
+            "paused": 0, "dropped": 0, "diverged": 0, "stalled": 0, "added_seeds": 0,
+            "failures": []}
         self.stores: dict[Path, Store] = {}
         self.fresh: list[Path] = []
 
@@ -252,10 +253,11 @@ class StudySession:
             self.stores[folder] = store
         return self.stores[folder]
 
-    def execute(self, spec: StudySpec, folder: Path, runs: list[RunSpec]) -> None:
+    def execute(self, spec: StudySpec, folder: Path, runs: list[RunSpec],
+                until: int | None = None) -> None:
         store = self.store(spec, Path(folder))
         _execute(store, runs, spec, folder, self.ex, self.counts, self.counts["failures"],
-                 self.progress, self.stack, self.nproc, self.memory)
+                 self.progress, self.stack, self.nproc, self.memory, until)
 
     def remove_fresh(self) -> None:
         """Remove each study folder this session made in which no run started: no run
@@ -270,18 +272,25 @@ class StudySession:
 
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
              counts: dict[str, Any], failures: list[str], progress: bool,
-             stack: bool = False, nproc: int = 1, memory: int | None = None) -> None:
+             stack: bool = False, nproc: int = 1, memory: int | None = None,
+             until: int | None = None) -> None:
+    """Train ``runs`` (those not done) through ``ex``; with ``until``, only to that step
+    (paused runs go back to pending; not counted, the call that trains them to the end
+    counts them)."""
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
     _prepare_data(todo, progress)
-    counts["total"] += len(runs)
-    counts["already_done"] += len(runs) - len(todo)
+    if until is None:
+        counts["total"] += len(runs)
+        counts["already_done"] += len(runs) - len(todo)
     # live progress: each running run's step, loss and tokens/s, an ETA from step times
     bar = StudyProgress(spec.name, views_for(todo, store), store, enabled=progress,
                         done_before=len(runs) - len(todo), workers=getattr(ex, "workers", None))
     try:
-        for results in ex.run(_jobs(out, todo, spec, stack, nproc, memory)):
+        jobs = [dataclasses.replace(j, until=until)
+                for j in _jobs(out, todo, spec, stack, nproc, memory)]
+        for results in ex.run(jobs):
             for res in results:
                 counts[res.outcome] += 1
                 counts["diverged"] += res.status == "diverged"

@@ -30,6 +30,7 @@ A spec is a YAML file (or a built-in name, see ``modbench study list``)::
       seeds: [0, 1, 2]                # the profile's seeds (default: seeds.default)
       select_seeds: [100]             # optional: each method's best rate chosen on these
       tolerance: 0.02                 # the near-best basin: within this of the best loss
+      halving: {at: [0.2, 0.4], margin: 0.1}   # optional: drop clearly worse points early
 
 ``data.order``: ``fixed`` (every run sees the batches of ``data_seed``: the protocol's one
 data order) or ``per_seed`` (seed s sees the order of ``data_seed + s``, for every method, so
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -137,7 +139,10 @@ class LrProfileSpec:
     gives the rates themselves. ``select_seeds`` (optional, disjoint from ``seeds``): each
     method's best rate is chosen on them, for the verdict at each method's own best rate.
     ``tolerance``: the near-best basin holds the rates whose mean loss is within it of the
-    best (loss units). :mod:`modbench.study.stages.profile`; docs/studies.md, "Learning-rate
+    best (loss units). ``halving`` (optional; ``true`` for the defaults): at each fraction
+    ``at`` of ``train.steps`` a grid point whose loss is above the method's best point's by
+    more than ``margin`` on every seed stops there (:func:`modbench.analysis.profile.
+    halving_drops`). :mod:`modbench.study.stages.profile`; docs/studies.md, "Learning-rate
     profiles"."""
 
     grid: list[float] | None = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
@@ -145,6 +150,12 @@ class LrProfileSpec:
     seeds: list[int] | None = None
     select_seeds: list[int] = field(default_factory=list)
     tolerance: float = 0.02
+    halving: dict[str, Any] | None = None
+
+
+#: ``lr_profile.halving: true``: the rungs (fractions of train.steps) and the margin (nats),
+#: calibrated on recorded profiles (benchmarks/halving_false_drops.py, BENCHMARKS.md)
+HALVING_DEFAULTS: dict[str, Any] = {"at": [0.2, 0.4], "margin": 0.1}
 
 
 #: keys a tuning block may not tune: what identifies a run, or what changes no result
@@ -343,6 +354,11 @@ def check_spec(spec: StudySpec) -> None:
         raise ModbenchError(f"claim.expect's {', '.join(wanted)} judges a learning-rate "
                             "profile: add an lr_profile block (docs/studies.md, Learning-rate "
                             "profiles), or expect a verdict")
+    if wanted and spec.lr_profile is not None and spec.lr_profile.halving is not None:
+        raise ModbenchError(f"claim.expect's {', '.join(wanted)} judges the sensitivity, which "
+                            "lr_profile.halving makes an upper bound (a dropped point counts "
+                            "at its loss when dropped; BENCHMARKS.md): remove halving, or "
+                            "expect a verdict")
 
 
 def _check_tuning(t: TuningSpec, sd: Seeds) -> None:
@@ -390,12 +406,42 @@ def _check_lr_profile(lp: LrProfileSpec, sd: Seeds) -> None:
     _want(isinstance(lp.tolerance, int | float) and not isinstance(lp.tolerance, bool)
           and 0 < lp.tolerance < float("inf"), "lr_profile.tolerance",
           "a positive loss difference, e.g. 0.02", lp.tolerance)
+    if lp.halving is not None:
+        lp.halving = halving_settings(lp.halving)
     shared = sorted(set(lp.select_seeds) & set(lp.seeds or sd.default))
     if shared:
         raise ModbenchError(f"lr_profile.select_seeds shares seed(s) {shared} with the "
                             "profile's seeds (lr_profile.seeds, else seeds.default); the best "
                             "rate is chosen on seeds the verdict does not use: give "
                             "select_seeds of their own, e.g. [100]")
+
+
+def halving_settings(tree: Any) -> dict[str, Any] | None:
+    """``lr_profile.halving``: ``true`` (the defaults), ``false`` (none), or a mapping of
+    ``at`` (increasing fractions of train.steps, each between 0 and 1) and ``margin`` (a loss
+    difference, at least 0); returned with every field, as spec.yaml records it."""
+    if tree is False:
+        return None
+    if tree is True:
+        return dict(HALVING_DEFAULTS)
+    if not isinstance(tree, dict):
+        raise ModbenchError(f"study key 'lr_profile.halving' must be true, or a mapping such as "
+                            f"{{at: [0.2, 0.4], margin: 0.1}}; got {tree!r} (see docs/studies.md)")
+    unknown = sorted(set(tree) - set(HALVING_DEFAULTS))
+    if unknown:
+        raise ModbenchError(f"unknown study key 'lr_profile.halving.{unknown[0]}'; it takes at "
+                            "and margin (see docs/studies.md)")
+    out = {**HALVING_DEFAULTS, **tree}
+    at = out["at"]
+    _want(isinstance(at, list) and bool(at) and all(
+        isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < 1 for x in at)
+        and all(a < b for a, b in itertools.pairwise(at)), "lr_profile.halving.at",
+        "a non-empty increasing list of fractions of train.steps between 0 and 1, e.g. "
+        "[0.2, 0.4]", at)
+    m = out["margin"]
+    _want(isinstance(m, int | float) and not isinstance(m, bool) and 0 <= m < float("inf"),
+          "lr_profile.halving.margin", "a loss difference of at least 0, e.g. 0.1", m)
+    return {"at": [float(x) for x in at], "margin": float(m)}
 
 
 def tuning_grid(key: str, grid: list[Any]) -> list[Any]:

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS runs (
     method TEXT NOT NULL,
     seed INTEGER NOT NULL,
     state TEXT NOT NULL DEFAULT 'pending',   -- pending | running | done | failed
-    status TEXT,                             -- completed | diverged | stalled (summary.json)
+    status TEXT,                    -- completed | diverged | stalled | dropped (summary.json)
     worker TEXT,
     claimed_at REAL,
     finished_at REAL,
@@ -225,6 +225,19 @@ class Store:
             db.execute("UPDATE runs SET state='done', status=?, finished_at=?, summary=?, eval=? "
                        "WHERE key=?", (summary.get("status"), time.time(), json.dumps(summary),
                                        json.dumps(evaluation) if evaluation else None, key))
+
+    def release(self, key: str) -> None:
+        """A run its worker paused (checkpointed, not finished): pending again, unclaimed."""
+        with self._db() as db:
+            db.execute("UPDATE runs SET state='pending', worker=NULL, lease=NULL, claimed_at=NULL "
+                       "WHERE key=? AND state='running'", (key,))
+
+    def reopen(self, key: str) -> None:
+        """A finished run to train on again (the profile's halving rule reopens the runs it
+        dropped): pending, its outcome cleared."""
+        with self._db() as db:
+            db.execute("UPDATE runs SET state='pending', status=NULL, finished_at=NULL, "
+                       "summary=NULL, eval=NULL, worker=NULL, lease=NULL WHERE key=?", (key,))
 
     def fail(self, key: str, error: str) -> None:
         with self._db() as db:

@@ -261,8 +261,15 @@ class Trainer:
         resume: bool = False,
         callbacks: Sequence[Callback] = (),
         progress: bool = True,
+        until: int | None = None,
     ) -> None:
         self.resume, self.progress = resume, progress
+        if until is not None and (isinstance(until, bool) or not isinstance(until, int)
+                                  or until < 1):
+            raise ModbenchError(f"cannot pause a run at step {until!r}: give a whole number "
+                                "of steps, at least 1")
+        #: pause after this many steps (None: train to train.steps); see :meth:`run_all`
+        self.until = until
         # 1. methods: unknown or conflicting ones fail here, before any file is written
         self.cfg, self.plan = plan_run(cfg)
         outs, cfgs = _member_runs(self.cfg, out_dir, seeds)
@@ -346,6 +353,12 @@ class Trainer:
         """Train every member to ``train.steps`` (or to its divergence) and return their
         summaries, which are also written to each ``summary.json``.
 
+        With :attr:`until` below ``train.steps`` the run pauses there instead: each member
+        still training is validated and checkpointed at that step and gets a summary with
+        status ``paused`` that is not written (its folder stays a run to ``--resume``, which
+        goes on exactly as if it had not paused); a member that diverged or stalled before
+        ends as usual.
+
         The recipe, in order: open the run (threads, the stop signals, a fresh start or the
         checkpoint's step), validate at step 0, then for each step the training step
         (:meth:`_train_step`); at the end of a window of steps (:meth:`_window_closes`) the
@@ -358,6 +371,8 @@ class Trainer:
         bar = TrainProgress(tc.steps, self.step, self._label(),
                             enabled=self.progress and self.world.main)
         batches = self._prefetcher(self.step)
+        stop = self.stop_step
+        began = self.step
         try:
             self._emit(self.members, "on_train_start")
             for m in self.members:
@@ -365,7 +380,7 @@ class Trainer:
                     m.prog.initial_val = self._validate(m, 0)
             pending: list[_Pending] = []  # steps whose loss and grad norm are on the device
             t_window = time.perf_counter()
-            for step in range(self.step, tc.steps):
+            for step in range(self.step, stop):
                 if not any(m.prog.live for m in self.members):
                     break
                 live, closes = self._train_step(step, batches, pending)
@@ -378,8 +393,11 @@ class Trainer:
                     break
                 self._at_window_end(live, step + 1)
                 t_window = time.perf_counter()
-            self._final_validation()
-            summaries = [self._finish(m) for m in self.members]
+            if stop < tc.steps:
+                summaries = self._pause(stop, began)
+            else:
+                self._final_validation()
+                summaries = [self._finish(m) for m in self.members]
         except BaseException as e:
             failed = self._group_error(e)
             if failed is not None:
@@ -457,8 +475,14 @@ class Trainer:
         the end of a window of ``sync_every`` steps, and before a validation, a checkpoint or
         the end."""
         tc = self.cfg.train
-        return (done == tc.steps or _every(self.sync_every, done) or _every(tc.eval_every, done)
-                or _every(tc.checkpoint_every, done))
+        return (done in (tc.steps, self.stop_step) or _every(self.sync_every, done)
+                or _every(tc.eval_every, done) or _every(tc.checkpoint_every, done))
+
+    @property
+    def stop_step(self) -> int:
+        """The step this call trains to: :attr:`until` when it is below ``train.steps``."""
+        steps = self.cfg.train.steps
+        return steps if self.until is None else min(self.until, steps)
 
     def _at_window_end(self, live: list[Member], done: int) -> None:
         """The named points after a window, in order, for each live member: validation (a
@@ -485,6 +509,30 @@ class Trainer:
                 self._checkpoint(m, steps)
             else:
                 m.prog.diverge(steps)
+
+    def _pause(self, stop: int, began: int) -> list[dict[str, Any]]:
+        """The end of a run paused at step ``stop`` (:attr:`until`): each member still training
+        is validated there (unless the loop just did) and checkpointed (unless it was), and
+        gets an unwritten summary with status ``paused``; the others their own summary. A call
+        that trained nothing (its checkpoint already at or past ``stop``) saves nothing."""
+        tc = self.cfg.train
+        trained = began < stop  # this call trained steps (else it resumed at or past stop)
+        out: list[dict[str, Any]] = []
+        for m in self.members:
+            if not m.prog.live:
+                out.append(self._finish(m))
+                continue
+            if trained and not _every(tc.eval_every, stop) \
+                    and not math.isfinite(self._validate(m, stop)):
+                m.prog.diverge(stop)
+                out.append(self._finish(m))
+                continue
+            if trained and not _every(tc.checkpoint_every, stop):
+                self._checkpoint(m, stop)
+            out.append({"status": "paused", "method": m.cfg.model.method, "seed": m.cfg.seed,
+                        "steps": stop if trained else began, "steps_planned": tc.steps,
+                        "val_loss": finite_or_none(m.prog.last_val)})
+        return out
 
     def _close_run(self, batches: Prefetcher, bar: TrainProgress,
                    signals: contextlib.ExitStack) -> None:
@@ -1093,9 +1141,12 @@ def train(
     resume: bool = False,
     callbacks: Sequence[Callback] = (),
     progress: bool = True,
+    until: int | None = None,
 ) -> dict[str, Any]:
-    """Train one run and return its summary (also written to ``out_dir/summary.json``)."""
-    return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks, progress=progress).run()
+    """Train one run and return its summary (also written to ``out_dir/summary.json``);
+    ``until``: pause after that step (:meth:`Trainer.run_all`)."""
+    return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks, progress=progress,
+                   until=until).run()
 
 
 def train_seeds(
@@ -1106,12 +1157,13 @@ def train_seeds(
     resume: bool = False,
     callbacks: Sequence[Callback] = (),
     progress: bool = True,
+    until: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train the init ``seeds`` of ``cfg`` stacked in one process, on the same batches, into
     one run folder each (``out_dirs``: a list, or a parent folder that gets ``s<seed>/``);
     returns their summaries. The method must be stackable (``Plan.stackable``)."""
     return Trainer(cfg, out_dirs, seeds=seeds, resume=resume, callbacks=callbacks,
-                   progress=progress).run_all()
+                   progress=progress, until=until).run_all()
 
 
 __all__ = ["Callback", "Member", "Trainer", "init_checkpoint", "load_initial_weights",

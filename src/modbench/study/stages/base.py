@@ -50,11 +50,13 @@ class Session(Protocol):
     """What a stage runs its runs through (the runner's, one for the whole study): ``execute``
     registers ``runs`` in ``folder``'s results store (made, with ``spec`` written as its
     ``spec.yaml``, on first use) and trains what is not done through the study's executor,
-    adding to ``counts``."""
+    adding to ``counts``; with ``until``, only to that step (the runs pause there,
+    checkpointed, and stay pending: a later call goes on from there)."""
 
     counts: dict[str, Any]
 
-    def execute(self, spec: StudySpec, folder: Path, runs: list[RunSpec]) -> None: ...
+    def execute(self, spec: StudySpec, folder: Path, runs: list[RunSpec],
+                until: int | None = None) -> None: ...
 
 
 @dataclass

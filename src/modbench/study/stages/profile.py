@@ -17,6 +17,10 @@ the sensitivity verdict (the study's rule on the seeds' sensitivities,
 :func:`modbench.analysis.profile.sensitivity_verdicts`); which methods' verdicts are
 rate-dependent; and, with ``select_seeds``, the verdict at each method's own best rate,
 chosen on the selection seeds (as the ``tuning`` stage chooses on its tuning seeds).
+
+With ``halving``, the runs train in rungs and the points the rule finds clearly worse stop
+early (:mod:`modbench.study.stages.halving`): ``profile.json`` records each decision, and the
+steps trained against the steps planned.
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ from modbench.report.blocks import Block
 from modbench.report.profile import PROFILE_DIR, PROFILE_FILE, profile_section
 from modbench.study.costs import StagePlan, Throughput, done_keys, run_flops
 from modbench.study.results import load_rows
-from modbench.study.spec import LrProfileSpec, RunSpec, Seeds, StudySpec, run_spec
+from modbench.study.spec import (
+    LrProfileSpec,
+    RunSpec,
+    Seeds,
+    StudySpec,
+    halving_settings,
+    run_spec,
+)
 from modbench.study.stages.base import (
     RunSettings,
     Session,
@@ -52,6 +63,8 @@ from modbench.study.stages.base import (
     hours,
     register,
 )
+from modbench.study.stages.halving import DROPPED, Halving, reopen_dropped, run_rungs
+from modbench.study.store import Store
 
 #: the loss the profile reads (the sensitivity is defined on the loss; the per-point verdicts
 #: use the study's primary metric)
@@ -93,6 +106,13 @@ class LrProfileStage(Stage):
     def methods(self) -> list[str]:
         return [self.spec.baseline, *[m for m in dict.fromkeys(self.spec.methods)
                                       if m != self.spec.baseline]]
+
+    @property
+    def halving(self) -> Halving | None:
+        """The halving rule (None: every point trains to the end)."""
+        settings = halving_settings(self.block.halving) if self.block.halving is not None \
+            else None
+        return Halving.of(settings) if settings is not None else None
 
     def labels(self) -> list[str]:
         """Each grid point as the report names it: ×0.5, or the rate itself."""
@@ -149,22 +169,41 @@ class LrProfileStage(Stage):
             evaluation=ev)
 
     def run(self, session: Session) -> None:
-        session.execute(self.stage_spec(), self.folder, self.runs())
+        spec, keys = self.stage_spec(), [p.run.key for p in self.points]
+        decisions: list[dict[str, Any]] = []
+        if self.halving is not None:
+            decisions = run_rungs(self.points, self.seeds, self.labels(), self.halving, session,
+                                  spec, self.folder)
+        elif (self.folder / "index.sqlite").is_file():  # a rule no longer set: train them on
+            reopen_dropped(Store(self.folder), keys)
+        session.execute(spec, self.folder, self.runs())
         atomic_write_text(self.folder / PROFILE_FILE,
-                          json.dumps(self.judge(load_rows(self.folder)), indent=1,
+                          json.dumps(self.judge(load_rows(self.folder), decisions), indent=1,
                                      default=str) + "\n")
 
     # ------------------------------------------------------------------ judging
 
-    def judge(self, rows: list[RunRow]) -> dict[str, Any]:
-        """``profile.json``'s content from the profile folder's ``rows``."""
-        by_key = {r.key: r for r in rows}
+    def judge(self, rows: list[RunRow], decisions: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """``profile.json``'s content from the profile folder's ``rows`` (and the halving
+        rule's ``decisions``, :func:`~modbench.study.stages.halving.run_rungs`)."""
+        by_key = {r.key: r for r in rows if r.status != DROPPED}
+        dropped = {r.key: r for r in rows if r.status == DROPPED}
         metric = default_metric(self.spec.evaluation.primary, self.spec.evaluation.tasks)
-        scales = {scale: self._judge_scale(scale, by_key, metric) for scale in self.spec.scales}
+        scales = {scale: self._judge_scale(scale, by_key, dropped, metric)
+                  for scale in self.spec.scales}
         b = self.block
-        return {"metric": metric, "loss": LOSS, "points": self.labels(), "grid": b.grid,
-                "rates": b.rates, "seeds": self.seeds, "select_seeds": list(b.select_seeds),
-                "tolerance": b.tolerance, "scales": scales, "rule": rule_record()}
+        out = {"metric": metric, "loss": LOSS, "points": self.labels(), "grid": b.grid,
+               "rates": b.rates, "seeds": self.seeds, "select_seeds": list(b.select_seeds),
+               "tolerance": b.tolerance, "scales": scales, "rule": rule_record()}
+        if self.halving is not None:
+            mine = [r for r in rows if r.key in {p.run.key for p in self.points}]
+            out["halving"] = {"at": list(self.halving.at), "margin": self.halving.margin,
+                              "decisions": list(decisions or []),
+                              "steps_trained": sum(r.steps or 0 for r in mine),
+                              "steps_planned": sum(p.run.config.train.steps
+                                                   for p in self.points)}
+        return out
 
     def _rows(self, by_key: dict[str, RunRow], scale: str, index: int | None,
               seeds: list[int]) -> list[RunRow]:
@@ -173,8 +212,20 @@ class LrProfileStage(Stage):
                 if p.run.scale == scale and (index is None or p.index == index)
                 and p.run.seed in seeds and p.run.key in by_key]
 
-    def _judge_scale(self, scale: str, by_key: dict[str, RunRow], metric: str
-                     ) -> dict[str, Any]:
+    def _dropped(self, dropped: dict[str, RunRow], scale: str, method: str
+                 ) -> dict[float, dict[int, float]]:
+        """``{rate: {seed: loss when dropped}}`` of ``method``'s points the halving rule
+        dropped at ``scale`` (the profile's seeds; a loss not recorded counts as not finite)."""
+        out: dict[float, dict[int, float]] = {}
+        for p in self.points:
+            r = dropped.get(p.run.key)
+            if r is not None and r.scale == scale and r.method == method \
+                    and r.seed in self.seeds:
+                out.setdefault(p.rate, {})[r.seed] = _drop_loss(r)
+        return out
+
+    def _judge_scale(self, scale: str, by_key: dict[str, RunRow], dropped: dict[str, RunRow],
+                     metric: str) -> dict[str, Any]:
         n = len(self.labels())
         base = self.spec.baseline
         anchors = list(self.spec.seeds.anchors)
@@ -187,12 +238,19 @@ class LrProfileStage(Stage):
                      for i in range(n)}
             profiles[method] = method_profile(method, table,
                                               self._init_losses(by_key, scale, method),
-                                              tolerance=self.block.tolerance)
+                                              tolerance=self.block.tolerance,
+                                              dropped=self._dropped(dropped, scale, method))
         by_point = []
         for i in range(n):
+            gone = [{"method": m, "verdict": DROPPED} for m in self.methods
+                    if any(p.index == i and p.run.scale == scale and p.run.method == m
+                           and p.run.key in dropped for p in self.points)]
+            if any(g["method"] == base for g in gone):  # no baseline to judge against
+                by_point.append(gone)
+                continue
             comps = compare_scales(self._rows(by_key, scale, i, self.seeds), base, metric,
                                    anchors, looks={})
-            by_point.append(comparisons_json(comps).get(scale, []))
+            by_point.append(comparisons_json(comps).get(scale, []) + gone)
         # a seed that trained at no rate has no sensitivity: a failed seed of the verdict
         per_seed = {m: {s: (v if math.isfinite(v) else None)
                         for s, v in p.seed_sensitivities.items()}
@@ -220,7 +278,7 @@ class LrProfileStage(Stage):
     def _rate_dependent(self, by_point: list[list[dict[str, Any]]]) -> dict[str, bool]:
         """Per method, whether its verdicts at the points where it and the baseline both
         trained (neither's verdict a failure) include an improver and a degrader."""
-        failed = ("diverged", "stalled")
+        failed = ("diverged", "stalled", DROPPED)
         verdicts: dict[str, dict[float, str]] = {}
         for i, results in enumerate(by_point):
             base_failed = any(r["method"] == self.spec.baseline and r["verdict"] in failed
@@ -279,6 +337,16 @@ class LrProfileStage(Stage):
 
     def report(self, results: StudyResults, out: Path) -> list[Block]:
         return profile_section(results, out)
+
+
+def _drop_loss(row: RunRow) -> float:
+    """A dropped run's validation loss when it was dropped (its summary's), else NaN."""
+    try:
+        v = json.loads((Path(str(row.run_dir)) / "summary.json").read_text()).get(
+            "val_loss_at_drop")
+    except (OSError, ValueError):
+        return math.nan
+    return float(v) if isinstance(v, int | float) else math.nan
 
 
 register(LrProfileStage)
