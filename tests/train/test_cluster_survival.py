@@ -112,10 +112,13 @@ class _SleepAt(Callback):
 
 def _count_hashes(report: Path, rank: int, label: str) -> Any:
     """Record every shard this process hashes (modbench.data.dataset._digest_and_max) until
-    the function returned is called."""
+    the function returned is called. The record of verified files (``verified.json``) is
+    not trusted meanwhile: the scenarios open one corpus one after another, and which
+    process of a node hashes is what they check (tests/data/test_verify_once.py checks
+    the record)."""
     import modbench.data.dataset as dataset
 
-    real = dataset._digest_and_max
+    real, trusted = dataset._digest_and_max, dataset.VerifyRecord.trusted
 
     def counted(path: Path, dtype: Any) -> tuple[str, int]:
         with (report / f"hashed.{label}.{rank}").open("a") as f:
@@ -123,9 +126,11 @@ def _count_hashes(report: Path, rank: int, label: str) -> Any:
         return real(path, dtype)
 
     dataset._digest_and_max = counted  # type: ignore[assignment]
+    dataset.VerifyRecord.trusted = lambda *_: False  # type: ignore[method-assign]
 
     def stop() -> None:
         dataset._digest_and_max = real  # type: ignore[assignment]
+        dataset.VerifyRecord.trusted = trusted  # type: ignore[method-assign]
 
     return stop
 

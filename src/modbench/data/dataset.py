@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from modbench.data._fs import sha256_file
 from modbench.data.prepare import FORMAT, FORMAT_VERSION, METADATA_FILE, SPLITS, TOKENIZER_FILE
+from modbench.data.verify_record import VerifyRecord
 from modbench.errors import ModbenchError
 
 _PREPARE_HINT = "re-run `modbench data prepare`"
@@ -90,6 +91,12 @@ class TokenDataset:
     Opening checks that the metadata parses, that every shard exists with the right byte size
     and, when ``verify`` is true, that every shard's sha256 matches (reading every byte: the
     processes of a group on one node leave it to one of them, ``modbench.runtime.data``).
+    A file that passed is recorded in ``verified.json`` (:mod:`modbench.data.verify_record`)
+    and later opens accept it unread while its size, mtime, ctime and inode are unchanged, so
+    a corpus is hashed once, not at every run's start; a file whose bytes changed is hashed
+    again and refused if damaged. That trusts the file system's metadata (a file altered with
+    its timestamps restored, or corrupted beneath the file system, passes): :meth:`verify`
+    (``modbench data verify``) hashes every file whatever the record says.
     """
 
     def __init__(self, path: str | Path, verify: bool = True) -> None:
@@ -107,20 +114,23 @@ class TokenDataset:
         # the validation batches already read, by (rows, batch size): every evaluation of a
         # run reads the same ones (a few hundred KB; val_batches)
         self._val_cache: dict[tuple[int, int], list[torch.Tensor]] = {}
+        record = VerifyRecord(self.path, self.fingerprint()) if verify else None
         for split in SPLITS:
             maps: list[np.memmap[Any, Any]] = []
             counts = [0]
             for shard in self.meta["splits"][split]["shards"]:
-                maps.append(self._open_shard(shard, verify))
+                maps.append(self._open_shard(shard, record))
                 counts.append(counts[-1] + int(shard["sequences"]))
             self._shards[split] = maps
             self._offsets[split] = np.asarray(counts, dtype=np.int64)
-        if verify:
-            self._check_tokenizer()
+        if record is not None:
+            self._check_tokenizer(record, trust=True)
+            record.save()
         self._perm_cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
 
     # ------------------------------------------------------------------ opening / checking
-    def _open_shard(self, shard: dict[str, Any], verify: bool) -> np.memmap[Any, Any]:
+    def _open_shard(self, shard: dict[str, Any],
+                    record: VerifyRecord | None) -> np.memmap[Any, Any]:
         file = self.path / shard["file"]
         if not file.is_file():
             raise _shard_error(file, "is missing")
@@ -129,45 +139,61 @@ class TokenDataset:
         size = file.stat().st_size
         if size != expected:
             raise _shard_error(file, f"has {size} bytes, expected {expected}")
-        if verify:
-            self._check_shard(file, shard["sha256"])
+        if record is not None:
+            self._check_shard(file, shard["sha256"], record, trust=True)
         return np.memmap(file, dtype=self.dtype, mode="r", shape=(rows, self.seq_len))
 
-    def _check_shard(self, file: Path, sha256: str) -> None:
+    def _check_shard(self, file: Path, sha256: str, record: VerifyRecord, *,
+                     trust: bool) -> None:
         """The shard's checksum, and that every token id is inside the vocabulary (a shard
         rewritten with its checksum updated, or written by a bigger tokenizer, would
-        otherwise index past the embedding mid-training)."""
-        digest, top = _digest_and_max(file, self.dtype)
-        if digest != sha256:
-            raise _shard_error(file, "fails its sha256 checksum")
-        if top >= self.vocab_size:
-            raise _shard_error(file, f"holds token id {top}, outside the vocabulary of "
-                                     f"{self.vocab_size} tokens metadata.json records")
+        otherwise index past the embedding mid-training). ``trust``: a shard ``record`` says
+        is unchanged since it passed both (under this manifest) is not read."""
+        if trust and record.trusted(file.name, sha256):
+            return
+        with record.hashing(file.name, sha256):
+            digest, top = _digest_and_max(file, self.dtype)
+            if digest != sha256:
+                raise _shard_error(file, "fails its sha256 checksum")
+            if top >= self.vocab_size:
+                raise _shard_error(file, f"holds token id {top}, outside the vocabulary of "
+                                         f"{self.vocab_size} tokens metadata.json records")
 
-    def _check_tokenizer(self) -> None:
-        """``tokenizer.json`` is the tokenizer ``metadata.json`` records (its sha256)."""
-        tok_file = self.path / self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+    def _check_tokenizer(self, record: VerifyRecord, *, trust: bool) -> None:
+        """``tokenizer.json`` is the tokenizer ``metadata.json`` records (its sha256; not
+        read when ``trust`` and ``record`` says it is unchanged since it passed)."""
+        name = self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+        tok_file = self.path / name
         if not tok_file.is_file():
             raise ModbenchError(f"{tok_file} is missing; {_PREPARE_HINT}")
-        if sha256_file(tok_file) != self.meta["tokenizer"].get("sha256"):
-            raise ModbenchError(
-                f"{tok_file} is not the tokenizer {self.path / METADATA_FILE} records (its "
-                f"sha256 differs): the manifest and the tokenizer come from different "
-                f"preparations; {_PREPARE_HINT}"
-            )
+        want = self.meta["tokenizer"].get("sha256")
+        if trust and isinstance(want, str) and record.trusted(name, want):
+            return
+        with record.hashing(name, str(want)):
+            if sha256_file(tok_file) != want:
+                raise ModbenchError(
+                    f"{tok_file} is not the tokenizer {self.path / METADATA_FILE} records (its "
+                    f"sha256 differs): the manifest and the tokenizer come from different "
+                    f"preparations; {_PREPARE_HINT}"
+                )
 
     def verify(self) -> list[str]:
-        """Re-check every shard's sha256 and the tokenizer file; return the files checked."""
+        """Re-check every shard's sha256 and the tokenizer file, reading every byte whatever
+        ``verified.json`` says (the full check, ``modbench data verify``: it also catches
+        what the record cannot, a file changed with its timestamps restored); record the
+        files that pass; return the files checked."""
+        record = VerifyRecord(self.path, self.fingerprint())
         checked: list[str] = []
         for split in SPLITS:
             for shard in self.meta["splits"][split]["shards"]:
                 file = self.path / shard["file"]
                 if not file.is_file():
                     raise _shard_error(file, "is missing")
-                self._check_shard(file, shard["sha256"])
+                self._check_shard(file, shard["sha256"], record, trust=False)
                 checked.append(shard["file"])
-        self._check_tokenizer()
+        self._check_tokenizer(record, trust=False)
         checked.append(self.meta["tokenizer"].get("file", TOKENIZER_FILE))
+        record.save()
         return checked
 
     def tokenizer(self) -> Tokenizer:

@@ -8,8 +8,10 @@ with its checksums verified (``data.verify``: every shard read and hashed) while
 other processes open it without hashing (metadata, shard sizes, vocabulary and packing are
 still checked); then every process learns every other's outcome in one collective, so a
 damaged shard found on one node is refused in the same one line on every process instead of
-leaving the others waiting at a barrier. A requeued run checks again (once per node): no
-marker of an earlier check is trusted, so a shard changed in between is caught.
+leaving the others waiting at a barrier. A file that passed is recorded with its size,
+mtime, ctime and inode (``verified.json``, :mod:`modbench.data.verify_record`), so a later
+start or requeue hashes only the files changed since (a damaged one is still refused); the
+full check, whatever the record says, is ``modbench data verify``.
 """
 
 from __future__ import annotations
