@@ -117,14 +117,15 @@ def main() -> None:
     data = [load(s) for s in args.studies]
     print(f"studies: {', '.join(str(s) for s in args.studies)}; {args.window}-point windows; "
           f"near-best: final mean within {TOLERANCE} of the window's best\n")
-    print("| rungs | margin | near-best points | false drops | rate [95 % upper] | distinct "
-          "near-best dropped | points dropped | cost (frozen = 1) | max sensitivity shift "
+    print("| rungs | margin | near-best points (distinct) | false drops | rate [95 % upper] | "
+          "distinct near-best dropped | points dropped | cost (frozen = 1) | max sensitivity shift "
           "| sensitivity verdicts unchanged |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for rule in RULES:
         good = false = dropped_n = points_n = 0
         cost: list[float] = []
         distinct: set[tuple[str, str, float]] = set()
+        near: set[tuple[str, str, float]] = set()
         shifts: list[float] = []
         same = total = 0
         for (study, baseline), name in zip(data, args.studies, strict=True):
@@ -145,6 +146,7 @@ def main() -> None:
                         for i, f in enumerate(finals):
                             if f is not None and f <= best + TOLERANCE:
                                 good += 1
+                                near.add((str(name), method, rates[i]))
                                 if i in cut:
                                     false += 1
                                     distinct.add((str(name), method, rates[i]))
@@ -169,7 +171,8 @@ def main() -> None:
                         same += sum(a[m] == b.get(m) for m in a if m != baseline)
                         total += sum(1 for m in a if m != baseline)
         upper = sps.beta.ppf(0.95, false + 1, good - false) if good > false else 1.0
-        print(f"| {', '.join(f'{a:g}' for a in rule[0])} | {rule[1]:g} | {good} | {false} | "
+        print(f"| {', '.join(f'{a:g}' for a in rule[0])} | {rule[1]:g} | {good} ({len(near)}) "
+              f"| {false} | "
               f"{false / good:.2%} [{upper:.2%}] | {len(distinct)} | {dropped_n} of "
               f"{points_n} | {np.mean(cost):.2f} (max {np.max(cost):.2f}) | "
               f"{np.max(np.abs(shifts)):.3f} (mean {np.mean(shifts):+.3f}) | "

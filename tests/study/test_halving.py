@@ -28,11 +28,12 @@ from modbench.study.store import Store
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 GRID = [0.01, 1.0, 4.0]
+SEEDS = [0]  # the profile's (the rule pairs seeds: several seeds are the unit tests' part)
 HALVING = {"at": [0.5], "margin": 0.05}
 
 
 def write_spec(tmp_path: Path, halving: Any = None, name: str = "spec.yaml") -> Path:
-    profile: dict[str, Any] = {"grid": GRID}
+    profile: dict[str, Any] = {"grid": GRID, "seeds": SEEDS}
     if halving is not None:
         profile["halving"] = halving
     path = tmp_path / name
@@ -99,6 +100,10 @@ def test_a_dropped_point_is_no_best_rate_and_enters_the_sensitivity_at_its_drop_
     cell = prof.cells[0]
     assert cell.dropped == 2 and cell.mean is None and cell.failed == 0
     assert prof.best_rate == 2e-3 and prof.max_stable_rate == 2e-3
+    # a dropped point above every trained one: the largest stable rate is the trained one's
+    above = method_profile("m", {1e-3: {0: 4.0}, 2e-3: {0: 4.5}}, 6.0,
+                           dropped={2e-3: {0: 5.0}})
+    assert above.max_stable_rate == 1e-3
     # seed 0: (5.0 - 3.5 + 0 + 6.0 - 3.5) / 3; seed 1: (5.5 - 3.7 + 0 + 6.0 - 3.7) / 3
     assert prof.seed_sensitivities[0] == pytest.approx((1.5 + 2.5) / 3)
     assert prof.seed_sensitivities[1] == pytest.approx((1.8 + 2.3) / 3)
@@ -124,10 +129,10 @@ def test_halving_drops_by_the_recorded_losses_and_the_rest_equal_an_unhalved_pro
     expected = []  # the rule by hand, from the losses the runs logged at step 6
     for method in ("baseline", "qknorm"):
         rates = data["scales"]["tiny"]["rates"][method]
-        at6 = {lr: {s: runs[method, s, lr]["vals"][6] for s in (0, 1)} for lr in rates}
-        best = min(rates, key=lambda lr: (sum(at6[lr].values()) / 2, rates.index(lr)))
+        at6 = {lr: {s: runs[method, s, lr]["vals"][6] for s in SEEDS} for lr in rates}
+        best = min(rates, key=lambda lr: (sum(at6[lr].values()) / len(SEEDS), rates.index(lr)))
         for i, lr in enumerate(rates):
-            if lr != best and all(at6[lr][s] - at6[best][s] > HALVING["margin"] for s in (0, 1)):
+            if lr != best and all(at6[lr][s] - at6[best][s] > HALVING["margin"] for s in SEEDS):
                 expected.append((method, data["points"][i]))
     decisions = data["halving"]["decisions"]
     assert [(d["method"], d["point"]) for d in decisions] == expected
@@ -151,14 +156,23 @@ def test_halving_drops_by_the_recorded_losses_and_the_rest_equal_an_unhalved_pro
     assert steps["steps_planned"] == 12 * len(runs)
     assert steps["steps_trained"] == sum(r["summary"]["steps"] for r in runs.values()) \
         < steps["steps_planned"]
-    assert counts["dropped"] == 2 * len(gone)
+    assert counts["dropped"] == len(SEEDS) * len(gone)
     cells = {(m, c["rate"]): c for m, p in data["scales"]["tiny"]["profiles"].items()
              for c in p["cells"]}
     for method, point in gone:
         lr = data["scales"]["tiny"]["rates"][method][data["points"].index(point)]
-        assert cells[method, lr]["dropped"] == 2 and cells[method, lr]["mean"] is None
+        assert cells[method, lr]["dropped"] == len(SEEDS) and cells[method, lr]["mean"] is None
     by_point = data["scales"]["tiny"]["by_point"][data["points"].index("×0.01")]
     assert {"method": "baseline", "verdict": "dropped"} in by_point
+
+
+def test_the_dry_run_states_the_rule(halved: tuple[Path, dict[str, Any]]) -> None:
+    from modbench.study.plan import format_plan, plan_study
+
+    out, _ = halved
+    text = format_plan(plan_study(load_spec(out / "spec.yaml"), out))
+    assert "halving: a point worse than its method's best by more than 0.05 on every seed at " \
+        "0.5 of the steps stops there" in text
 
 
 def test_the_report_marks_the_dropped_points(halved: tuple[Path, dict[str, Any]]) -> None:
@@ -217,5 +231,5 @@ def test_a_sensitivity_claim_refuses_halving(tmp_path: Path) -> None:
     tree["claim"] = {"source": "Wortsman et al. 2023", "text": "less sensitive",
                      "expect": {"qknorm": ["less_sensitive"]}}
     path.write_text(yaml.safe_dump(tree))
-    with pytest.raises(ModbenchError, match="halving makes an upper bound"):
+    with pytest.raises(ModbenchError, match="halving makes approximate"):
         load_spec(path)

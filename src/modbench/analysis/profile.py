@@ -134,7 +134,7 @@ class RateCell:
     @property
     def stable(self) -> bool:
         """Every seed run at this rate trained (at least one run, none failed; a point the
-        halving rule dropped trained as far as it ran)."""
+        halving rule dropped failed nowhere, as far as it ran)."""
         return self.seeds > 0 and self.failed == 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,10 +285,12 @@ def method_profile(method: str, table: LossTable, init_loss: Mapping[int, float]
 
     ``dropped`` (the halving rule's, ``{rate: {seed: loss when dropped}}``, rates of
     ``table``, whose own entries there are then ignored): such a point has no final loss, so
-    its cell counts its runs as ``dropped`` with no mean, and it is never the best rate nor in
-    the basin; it counts as trained for ``max_stable_rate`` (it trained as far as it ran); and
-    each seed's sensitivity takes its loss when dropped (capped at ℓ0 as every point): the
-    loss still falls after a drop, so the point's term, and the sensitivity, are upper bounds
+    its cell counts its runs as ``dropped`` with no mean, and it is never the best rate, in
+    the basin or the largest stable rate (whether it would have trained to the end is not
+    known: with a higher point dropped, ``max_stable_rate`` is a lower bound); and each seed's
+    sensitivity takes its loss when dropped (capped at ℓ0 as every point): above the final
+    loss of a point that would have trained on, below the ℓ0 of one that would have diverged
+    or stalled, so a halved profile's sensitivity is approximate, in either direction
     (docs/statistics.md, "Successive halving").
 
     Rates must be positive and finite (ValueError); a seed without ℓ0 in a mapping
@@ -340,7 +342,7 @@ def method_profile(method: str, table: LossTable, init_loss: Mapping[int, float]
             best_rate, best_loss = cells[best].rate, cells[best].mean
             basin = _basin(cells, best, tolerance)
             boot = _bootstrap_best(matrix, rate_arr, eligible, n_resamples, seed)
-    stable = [c.rate for c in cells if c.stable]
+    stable = [c.rate for c in cells if c.stable and not c.dropped]
     return MethodProfile(
         method=method,
         cells=cells,

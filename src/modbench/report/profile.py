@@ -92,8 +92,8 @@ def _intro(data: dict[str, Any]) -> str:
                  f"{len(halving['decisions'])} point(s) dropped; "
                  f"{trained:,} of {planned:,} planned steps trained, "
                  f"{trained / planned if planned else 0:.0%}); a dropped point enters the "
-                 "sensitivity at its loss when dropped, so the sensitivity is an upper bound "
-                 "there.")
+                 "sensitivity at its loss when dropped, so the sensitivity is approximate there "
+                 "and the largest stable rate counts only points trained to the end.")
     if data.get("select_seeds"):
         text += (" Each method's own best rate was chosen on selection seed(s) "
                  f"{', '.join(map(str, data['select_seeds']))}, which the verdict at it does "

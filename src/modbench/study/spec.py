@@ -356,8 +356,8 @@ def check_spec(spec: StudySpec) -> None:
                             "profiles), or expect a verdict")
     if wanted and spec.lr_profile is not None and spec.lr_profile.halving is not None:
         raise ModbenchError(f"claim.expect's {', '.join(wanted)} judges the sensitivity, which "
-                            "lr_profile.halving makes an upper bound (a dropped point counts "
-                            "at its loss when dropped; BENCHMARKS.md): remove halving, or "
+                            "lr_profile.halving makes approximate (a dropped point counts at "
+                            "its loss when dropped; docs/statistics.md): remove halving, or "
                             "expect a verdict")
 
 

@@ -328,7 +328,11 @@ class LrProfileStage(Stage):
                 f", on seed(s) {', '.join(map(str, self.seeds))}"
                 + (f" and selection seed(s) {', '.join(map(str, b.select_seeds))}"
                    if b.select_seeds else "")
-                + "; a point that diverges or stalls stops early")
+                + "; a point that diverges or stalls stops early"
+                + (f"; halving: a point worse than its method's best by more than "
+                   f"{self.halving.margin:g} on every seed at "
+                   f"{', '.join(f'{a:g}' for a in self.halving.at)} of the steps stops there"
+                   if self.halving is not None else ""))
         return StagePlan(self.name, self.folder, len(runs), sum(r.key in done for r in runs),
                          flops, what, gpu_hours=hours(flops, rate), upper_bound=True)
 
