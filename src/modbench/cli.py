@@ -293,7 +293,8 @@ _PlanGpuOpt = Annotated[str, typer.Option(
          "l40s, b200 or cpu.")]
 _PlanNprocOpt = Annotated[int, typer.Option(help="Processes (GPUs) of the run.")]
 _PlanParallelOpt = Annotated[str | None, typer.Option(
-    help="ddp | fsdp across the processes [default: the config's train.parallel].",
+    help="ddp | fsdp | auto across the processes (auto: DDP where it fits, else FSDP) "
+         "[default: the config's train.parallel].",
     show_default=False)]
 _PlanMicroBatchOpt = Annotated[int | None, typer.Option(
     help="Plan at this micro-batch [default: the largest that fits].",
@@ -340,7 +341,9 @@ def plan_command(
         cases = (_spec_cases(spec, set_ or []) if spec is not None
                  else _preset_cases(preset or ["cpu-small"], method or ["baseline"], set_ or []))
         plans = [plan_or_needs(cfg, device, micro_batch=micro_batch, nproc=nproc,
-                               parallel=parallel or cfg.train.parallel, ensembles=ensembles,
+                               parallel=_plan_parallel(cfg, device, nproc, parallel,
+                                                       micro_batch, ensembles),
+                               ensembles=ensembles,
                                checkpointing=apply_activation_checkpointing)
                  for cfg in cases]
     except ModbenchError as e:
@@ -365,8 +368,34 @@ def _check_plan_options(nproc: int, micro_batch: int | None, ensembles: int,
     if ensembles < 1:
         raise ModbenchError(f"--ensembles must be at least 1 (seeds stacked in one "
                             f"process), got {ensembles}")
-    if parallel is not None and parallel not in ("ddp", "fsdp"):
-        raise ModbenchError(f"--parallel must be ddp or fsdp, got {parallel!r}")
+    if parallel is not None and parallel not in ("ddp", "fsdp", "auto"):
+        raise ModbenchError(f"--parallel must be ddp or fsdp, got {parallel!r} (or auto: DDP "
+                            "where its plan fits the device, else FSDP)")
+
+
+def _plan_parallel(cfg: RunConfig, device: Any, nproc: int, parallel: str | None,
+                   micro_batch: int | None, ensembles: int) -> str:
+    """`modbench plan`'s mode: ``--parallel``, else the config's ``train.parallel``; ``auto``
+    resolved as the trainer resolves it (:func:`modbench.measure.plan.layout`: DDP where it
+    fits, else FSDP); where neither fits, the one that comes closer (the plan then says what
+    would fit)."""
+    import copy
+
+    from modbench.measure.plan import DoesNotFit, auto_parallel, layout
+    from modbench.train.recompute import apply_activation_checkpointing
+
+    mode = parallel or cfg.train.parallel
+    fixed = auto_parallel(mode, nproc, "cpu" if device.key == "cpu" else "cuda")
+    if fixed is not None:
+        return fixed
+    run = copy.deepcopy(cfg)
+    run.train.micro_batch_size = micro_batch if micro_batch is not None else "auto"
+    run.train.parallel = "auto"
+    try:
+        return layout(run, device, nproc=nproc, ensembles=ensembles,
+                      checkpointing=apply_activation_checkpointing).parallel
+    except DoesNotFit as e:
+        return e.plan.parallel
 
 
 def _spec_cases(spec: str, overrides: list[str]) -> list[RunConfig]:

@@ -27,7 +27,7 @@ import yaml
 from modbench.errors import ModbenchError, suggest
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-PARALLEL = ("ddp", "fsdp")  # train.parallel
+PARALLEL = ("ddp", "fsdp", "auto")  # train.parallel
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")  # train.fsdp_param_dtype
 COMPILE = ("auto", True, False, "blocks")  # train.compile
 _EVERY_K = re.compile(r"every:[1-9][0-9]*")  # train.activation_checkpointing=every:K
@@ -259,9 +259,12 @@ class TrainConfig:
     init_from: str | None = None
     # Multi-process runs (`modbench train --nproc N`, torchrun): how the model is spread over
     # the processes. ddp: a full replica per process, gradients all-reduced; fsdp: parameters,
-    # gradients and optimizer state sharded (FSDP2, one unit per decoder block). Ignored by a
-    # single process; the numbers agree with a single process to float32 rounding either way.
-    parallel: str = "ddp"  # ddp | fsdp
+    # gradients and optimizer state sharded (FSDP2, one unit per decoder block); auto: DDP
+    # where the memory plan fits the GPU with DDP, else FSDP where it fits with FSDP, else
+    # refused (measure.plan.layout); DDP with one process (nothing to spread) and on the CPU
+    # (no device memory to plan against). Ignored by a single process; the numbers agree
+    # with a single process to float32 rounding either way.
+    parallel: str = "ddp"  # ddp | fsdp | auto
     # FSDP2's mixed-precision policy: the dtype its units gather parameters in for the
     # forward and backward (gradients are reduced in fp32, master weights and optimizer stay
     # fp32). auto: bf16 where the forward runs under bf16 autocast (recipe.precision), else
@@ -372,8 +375,8 @@ class TrainConfig:
             raise ModbenchError(f"train.fsdp_param_dtype must be {', '.join(FSDP_PARAM_DTYPES)}"
                                 f", got {self.fsdp_param_dtype!r}")
         if self.parallel not in PARALLEL:
-            raise ModbenchError(f"train.parallel must be {' or '.join(PARALLEL)}, got "
-                                f"{self.parallel!r}")
+            raise ModbenchError(f"train.parallel must be ddp or fsdp, got {self.parallel!r} "
+                                "(or auto: DDP where the memory plan fits the GPU, else FSDP)")
         for i, name in enumerate(self.trackers):
             if name not in TRACKERS:
                 raise ModbenchError(f"unknown tracker {name!r} in train.trackers"

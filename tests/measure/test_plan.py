@@ -58,12 +58,16 @@ def test_terms_add_up_and_the_state_is_counted_from_the_parameters() -> None:
     assert mp.precision == "bf16" and mp.fits
     js = mp.to_json()
     assert js["peak_bytes"] == mp.peak_bytes and js["largest_term"] == mp.largest_term()
-    # FSDP over 4 processes shards the state; DDP keeps it whole plus its gradient buckets
+    # FSDP over 4 processes shards the state; DDP keeps it whole, its gradients the views of
+    # its buckets (a second copy of them only where bucket views are off)
     fsdp = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=1, nproc=4,
                        parallel="fsdp")
     ddp = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=1, nproc=4)
+    copies = plan_memory(cfg, device=lookup("h100-80gb"), micro_batch=1, nproc=4,
+                         bucket_view=False)
     assert fsdp.terms["optimizer"] == math.ceil(8 * n / 4)
-    assert ddp.terms["optimizer"] == 8 * n and ddp.terms["parallel"] == 4 * n
+    assert ddp.terms["optimizer"] == 8 * n and ddp.terms["parallel"] == 0
+    assert copies.terms["parallel"] == 4 * n
     assert fsdp.peak_bytes == sum(fsdp.terms.values())
 
 

@@ -522,6 +522,9 @@ def test_dry_run_prints_resources_and_gpu_hours_and_writes_nothing(
     never stack), each run's GPU-hours and the total as computed from its FLOPs here."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: a dry run does not need it
+    # the jobs' memory plans (20 climb-1.2b methods: minutes of tracing) are
+    # tests/study/test_dry_run_fits.py's; here the GPU-hours
+    monkeypatch.setattr("modbench.study.plan.fit_jobs", lambda jobs, gpu: [])
     code = run_cli(["study", "run", "seed002-1.2b", "--executor", "slurm", "--dry-run",
                     "--gpus-per-run", "8", "--slurm-partition", "gpu", "--slurm-time", "720",
                     *extra])

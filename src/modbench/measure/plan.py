@@ -6,7 +6,9 @@ The resident state is counted from the parameters: fp32 master weights, fp32 gra
 the optimizer's state (AdamW/Adam: two fp32 moments per parameter; ``recipe.optimizer=muon``:
 one momentum buffer for the hidden matrices, :func:`modbench.train.optim.muon_split`'s rule,
 and AdamW's two moments for the rest). Across ``nproc`` processes DDP keeps a full replica
-and a copy of the gradients in its all-reduce buckets; FSDP2 shards weights, gradients and
+whose gradients are views of its all-reduce buckets (``gradient_as_bucket_view``, as
+:mod:`modbench.train.distributed` wraps the model: one copy of the gradients, kept between
+steps; a second one, the buckets, where the views are off); FSDP2 shards weights, gradients and
 optimizer state by ``nproc`` and holds its largest units unsharded while they are gathered,
 in ``train.fsdp_param_dtype`` (the root: head and norms, kept through the forward; two block
 units, the one running and the one prefetched; and one unit's unsharded gradient, in fp32,
@@ -495,6 +497,8 @@ class _Context:
     units: dict[str, int]
     bf16: bool
     device_type: str
+    # DDP's gradients are views of its buckets (train.distributed wraps it so): one copy
+    bucket_view: bool = True
 
 
 def check_plannable(cfg: RunConfig) -> None:
@@ -551,8 +555,12 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
     grads = math.ceil(ctx.params * FP32 / shard)
     opt = math.ceil(ctx.optimizer / shard)
     gathered = 0
-    if nproc > 1 and parallel == "ddp":
-        gathered = ctx.params * FP32  # DDP's gradient buckets: a second copy of the grads
+    # DDP's gradients: with bucket views they are its all-reduce buckets (one copy, never
+    # freed between steps); without, the buckets are a second copy of them
+    ddp = nproc > 1 and parallel == "ddp"
+    views = ddp and ctx.bucket_view
+    if ddp and not views:
+        gathered = ctx.params * FP32
     elif shard > 1:
         cores = sorted((v for k, v in ctx.units.items() if k != "root"), reverse=True)
         biggest = cores[0] if cores else 0
@@ -571,8 +579,9 @@ def _plan(ctx: _Context, key: str, device_bytes: int, micro_batch: int, nproc: i
         # micro-batch, and the vmapped step's activations K times over
         stacked = ((k - 1) * (weights + grads + opt) + 2 * k * weights
                    + (k - 1) * transient)
-    # validation and probe scoring run between steps: gradients freed, no step transient
-    ev = max(0, step.eval * ensembles - (grads + transient * ensembles))
+    # validation and probe scoring run between steps: no step transient, gradients freed
+    # (but DDP's bucket views, which stay)
+    ev = max(0, step.eval * ensembles - ((0 if views else grads) + transient * ensembles))
     terms = {"weights": weights, "gradients": grads, "optimizer": opt,
              "activations": step.activations, "loss": step.loss, "eval": ev,
              "ensembles": stacked, "parallel": gathered}
@@ -600,15 +609,19 @@ def _device_type(cfg: RunConfig, device: Accelerator | int, device_type: str | N
 def plan_memory(cfg: RunConfig, *, device: Accelerator | int, micro_batch: int,
                 nproc: int = 1, parallel: str = "ddp", ensembles: int = 1,
                 margin: float = MARGIN, device_type: str | None = None,
-                checkpointing: Checkpointing | None = None) -> MemoryPlan:
+                checkpointing: Checkpointing | None = None,
+                bucket_view: bool = True) -> MemoryPlan:
     """The peak memory of one process of run ``cfg`` at ``micro_batch`` sequences a
     forward, on ``device`` (an accelerator of :mod:`modbench.runtime.gpus`, or its memory in
     bytes), with ``nproc`` processes (``parallel`` ddp or fsdp) and ``ensembles`` seeds
     stacked. ``device_type`` (``cuda``/``cpu``: the precision ``recipe.precision=auto``
     takes) defaults to what ``device`` is. ``checkpointing``: the trainer's
-    ``apply_activation_checkpointing``, needed where the run sets it."""
+    ``apply_activation_checkpointing``, needed where the run sets it. ``bucket_view``: DDP's
+    gradients are views of its buckets, as the trainer wraps it (False: DDP's default, a
+    second copy of the gradients in the buckets)."""
     key, nbytes = _device(device)
     ctx = _context(cfg, _device_type(cfg, device, device_type), checkpointing)
+    ctx.bucket_view = bucket_view
     return _plan(ctx, key, nbytes, micro_batch, nproc, parallel, ensembles, margin)
 
 
@@ -688,6 +701,133 @@ def _choose(ctx: _Context, key: str, nbytes: int, nproc: int, parallel: str, ens
         else:
             lo = mid + 1
     return best
+
+
+@dataclass
+class Layout:
+    """How a run's processes hold it on a device (:func:`layout`): the parallel mode they
+    train with (``train.parallel``, ``auto`` resolved) and the memory plan at the micro-batch
+    the run trains at (None where nothing needed planning)."""
+
+    parallel: str  # ddp | fsdp (with one process: ddp, which the trainer then ignores)
+    plan: MemoryPlan | None = None
+    chosen: bool = False  # train.parallel=auto chose it by the plan
+    rejected: list[MemoryPlan] = field(default_factory=list)  # what auto tried before it
+
+
+class DoesNotFit(ModbenchError):
+    """A run that no layout :func:`layout` may take fits: the message says why and what to
+    do; :attr:`plan` is the smallest peak it tried (what the run needs at the least) and
+    :attr:`advice` what to do, by itself (``use ...``)."""
+
+    def __init__(self, message: str, plan: MemoryPlan, advice: str) -> None:
+        super().__init__(message)
+        self.plan = plan
+        self.advice = advice
+
+
+def auto_parallel(parallel: str, nproc: int, device_type: str) -> str | None:
+    """``train.parallel`` for ``nproc`` processes on ``device_type``: ``ddp`` and ``fsdp``
+    are themselves; ``auto`` is ``ddp`` with one process (nothing to spread: the value is not
+    read) and on the CPU (gloo: the processes share the host's memory, no device memory to
+    plan against), else None: the memory plan decides (:func:`layout`)."""
+    if parallel != "auto":
+        return parallel
+    return "ddp" if nproc < 2 or device_type == "cpu" else None
+
+
+def layout(cfg: RunConfig, device: Accelerator | int, *, nproc: int = 1, ensembles: int = 1,
+           margin: float = MARGIN, device_type: str | None = None,
+           checkpointing: Checkpointing | None = None, check: bool = False) -> Layout:
+    """How ``nproc`` processes of run ``cfg`` hold it on ``device``, as the trainer lays
+    them out: ``train.parallel`` (``auto``: DDP where its plan fits the device, else FSDP
+    where its plan does; :func:`auto_parallel` for one process and the CPU) at
+    ``train.micro_batch_size`` (``auto``: the largest that fits; a number: it; null: a
+    process's whole share of the batch). Plans only what needs it (a micro-batch or a mode
+    to choose), or everything with ``check`` (a study's check of its jobs).
+
+    Raises :class:`DoesNotFit` (one line: the peaks against the usable memory, and what to
+    do) where nothing it may take fits; with ``train.parallel`` fixed and the micro-batch
+    ``auto``, the line :func:`choose_micro_batch` gives."""
+    tc = cfg.train
+    dt = _device_type(cfg, device, device_type)
+    fixed = auto_parallel(tc.parallel, nproc, dt)
+    if fixed is not None and tc.micro_batch_size != "auto" and not check:
+        return Layout(fixed)
+    key, nbytes = _device(device)
+    check_split(cfg, nproc)
+    ctx = _context(cfg, dt, checkpointing)
+    tried: list[MemoryPlan] = []
+    # FSDP2 gives each parameter to one unit: a model whose layers share weights stays DDP
+    shares = fixed is None and _shares_layers(ctx.p)
+    for mode in (fixed,) if fixed is not None else ("ddp",) if shares else ("ddp", "fsdp"):
+        mp = _at_run_micro_batch(ctx, key, nbytes, nproc, mode, ensembles, margin)
+        if mp.fits:
+            return Layout(mode, mp, chosen=fixed is None, rejected=tried)
+        tried.append(mp)
+    least = min(tried, key=lambda t: t.peak_bytes)
+    advice = _advice(least, shards=not shares)
+    if fixed is not None and tc.micro_batch_size == "auto":
+        raise DoesNotFit(refusal(least), least, advice)
+    raise DoesNotFit(_misfit(tried, fixed is None, advice), least, advice)
+
+
+def _shares_layers(p: Plan) -> bool:
+    """Whether the plan's model has layers that share weights (the ``tie`` slot), which
+    FSDP2 cannot shard (:mod:`modbench.train.distributed` refuses them); built on the meta
+    device."""
+    from modbench.model.spec import shares_parameters
+
+    with torch.device("meta"):
+        return shares_parameters(Transformer(p.cfg, p.spec))
+
+
+def _at_run_micro_batch(ctx: _Context, key: str, nbytes: int, nproc: int, parallel: str,
+                        ensembles: int, margin: float) -> MemoryPlan:
+    """The plan at the micro-batch the run trains at: ``train.micro_batch_size`` (null: a
+    process's whole share), or for ``auto`` the largest that fits (else micro-batch 1)."""
+    mb = ctx.run.train.micro_batch_size
+    if mb == "auto":
+        best = _choose(ctx, key, nbytes, nproc, parallel, ensembles, margin)
+        return best or _plan(ctx, key, nbytes, 1, nproc, parallel, ensembles, margin)
+    size = mb if isinstance(mb, int) else ctx.run.train.batch_size // nproc
+    return _plan(ctx, key, nbytes, size, nproc, parallel, ensembles, margin)
+
+
+def _misfit(tried: list[MemoryPlan], auto: bool, advice: str) -> str:
+    """The one line that says no plan :func:`layout` tried fits, and what to do."""
+    mp = min(tried, key=lambda t: t.peak_bytes)
+    where = f"{mp.nproc} x {mp.device}" if mp.nproc > 1 else f"one {mp.device}"
+    at = (f"at micro-batch {mp.micro_batch}" if mp.micro_batch > 1
+          else "even at micro-batch 1")
+    if auto and len(tried) > 1:
+        peaks = " nor ".join(f"{t.parallel.upper()} (peak {gb(t.peak_bytes)})" for t in tried)
+        head = f"train.parallel=auto: {mp.preset} {mp.method} fits neither {peaks}"
+    elif auto:  # DDP only: FSDP cannot shard layers that share weights
+        head = (f"train.parallel=auto: {mp.preset} {mp.method} (its layers share weights, "
+                f"which FSDP cannot shard) does not fit DDP (peak {gb(mp.peak_bytes)})")
+    else:
+        head = f"{mp.preset} {mp.method} does not fit (peak {gb(mp.peak_bytes)})"
+    big = mp.largest_term()
+    return (f"{head} on {where} {at}, against {gb(mp.usable_bytes)} usable a process "
+            f"(largest term: {big} {gb(mp.terms[big])}); {advice}")
+
+
+def _advice(mp: MemoryPlan, shards: bool = True) -> str:
+    """What makes a run that does not fit fit (``use ... or ...``), from its plan;
+    ``shards``: whether FSDP may shard it (not where its layers share weights)."""
+    todo = []
+    if mp.ensembles > 1:
+        todo.append("fewer stacked seeds")
+    if mp.micro_batch > 1:
+        todo.append("a smaller train.micro_batch_size (auto: the largest that fits)")
+    if shards:
+        todo.append("more processes with train.parallel=fsdp or auto" if mp.nproc > 1
+                    else "several processes (GPUs) with train.parallel=fsdp or auto")
+    if not mp.activation_checkpointing:
+        todo.append("train.activation_checkpointing=true")
+    todo.append("a smaller model")
+    return f"use {', '.join(todo[:-1])} or {todo[-1]}" if len(todo) > 1 else f"use {todo[0]}"
 
 
 def plan_or_needs(cfg: RunConfig, device: Accelerator | int, *, micro_batch: int | None = None,
@@ -831,7 +971,8 @@ def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
     return out
 
 
-__all__ = ["FIXED_ALLOWANCE", "MARGIN", "MAX_PLANNED_BATCH", "MAX_PLANNED_LAYERS", "LiveBytes",
-           "MemoryPlan", "check_micro_batch", "check_plannable", "check_split",
-           "choose_micro_batch", "divisors", "host_memory_bytes", "max_ensembles",
-           "plan_memory", "plan_or_needs", "refusal", "usable_bytes"]
+__all__ = ["FIXED_ALLOWANCE", "MARGIN", "MAX_PLANNED_BATCH", "MAX_PLANNED_LAYERS", "DoesNotFit",
+           "Layout", "LiveBytes", "MemoryPlan", "auto_parallel", "check_micro_batch",
+           "check_plannable", "check_split", "choose_micro_batch", "divisors",
+           "host_memory_bytes", "layout", "max_ensembles", "plan_memory", "plan_or_needs",
+           "refusal", "usable_bytes"]

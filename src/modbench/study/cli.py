@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -133,8 +135,9 @@ ExecutorOptionOption = Annotated[list[str] | None, typer.Option(
          "(for an executor without flags of its own), repeatable. Example: "
          "--executor-option slurm-qos=high.", rich_help_panel=_CLUSTER)]
 GpuTypeOption = Annotated[str | None, typer.Option(
-    help="GPU whose dense bf16 peak the estimate uses: H100, H200, A100, B200 (default: "
-         "H100). Example: --gpu-type A100.", rich_help_panel=_DRY)]
+    help="GPU whose dense bf16 peak the estimate uses and whose memory each job's memory "
+         "plan is checked against, dry run or not (ray, slurm): H100, H200, A100, B200 "
+         "(default: H100). Example: --gpu-type A100.", rich_help_panel=_DRY)]
 GpuTflopsOption = Annotated[float | None, typer.Option(
     help="Dense bf16 peak in TFLOP/s of another GPU. Example: --gpu-tflops 459.",
     rich_help_panel=_DRY)]
@@ -197,17 +200,25 @@ def run(
         slurm_folder=str(slurm_folder) if slurm_folder else None,
         slurm_max_timeouts=slurm_max_timeouts, slurm_extra=tuple(slurm_extra or ()))
     if dry_run:
-        typer.echo(_dry_run(s, folder, executor, workers, ensembles, options, until_decided,
-                            spending, futility, gpu_type, gpu_tflops, mfu))
+        with _refusing_jobs():
+            text = _dry_run(s, folder, executor, workers, ensembles, options, until_decided,
+                            spending, futility, gpu_type, gpu_tflops, mfu)
+        typer.echo(text)
         return
-    if gpu_type is not None or gpu_tflops is not None or mfu is not None:
+    if gpu_tflops is not None or mfu is not None:
         from modbench.errors import ModbenchError
 
-        raise ModbenchError("--gpu-type, --gpu-tflops and --mfu set the --dry-run estimate; "
-                            "add --dry-run, or leave them out")
-    c = run_study(s, folder, executor=executor, workers=workers, until_decided=until_decided,
-                  ensembles=ensembles, progress=progress, options=options, spending=spending,
-                  futility=futility)
+        raise ModbenchError("--gpu-tflops and --mfu set the --dry-run estimate; add --dry-run, "
+                            "or leave them out")
+    if gpu_type is not None:
+        from modbench.study.plan import throughput
+
+        gpu_type = throughput(gpu_type).gpu  # an unknown name: one line, as in a dry run
+    with _refusing_jobs():
+        c = run_study(s, folder, executor=executor, workers=workers,
+                      until_decided=until_decided, ensembles=ensembles, progress=progress,
+                      options=options, spending=spending, futility=futility,
+                      gpu_type=gpu_type)
     _say_counts(s.name, folder, c, until_decided is not None)
     if report:
         from modbench.study.reporting import write_study_report
@@ -216,6 +227,20 @@ def run(
         typer.echo(f"report: {written / 'report.md'} and {written / 'report.html'}")
     if c["failed"]:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _refusing_jobs() -> Iterator[None]:
+    """Jobs that fit no memory plan on their GPU (:class:`modbench.study.fits.JobsDoNotFit`):
+    one line each on stderr, then exit 2."""
+    from modbench.study.fits import JobsDoNotFit
+
+    try:
+        yield
+    except JobsDoNotFit as e:
+        for line in e.lines:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from None
 
 
 def load_spec_with_plugins(spec: str | None, methods_from: list[str] | None) -> StudySpec:

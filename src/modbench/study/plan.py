@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modbench.study import executors
 from modbench.study.costs import (  # noqa: F401  (re-exported: the dry run's names)
@@ -38,8 +38,12 @@ from modbench.study.costs import (  # noqa: F401  (re-exported: the dry run's na
     validations,
 )
 from modbench.study.executors import nproc_for
+from modbench.study.fits import JobFit, check_fits, fit_jobs, format_fits
 from modbench.study.spec import StudySpec
 from modbench.study.stages import RunSettings, stages_for
+
+if TYPE_CHECKING:
+    from modbench.runtime.gpus import Accelerator
 
 
 @dataclass
@@ -75,6 +79,9 @@ class StudyPlan:
     warnings: list[str] = field(default_factory=list)
     time_limited: bool = False  # its jobs requeue at a time limit: a time-outs column
     stages: list[StagePlan] = field(default_factory=list)  # the later stages' rows
+    # each job's memory plan on the GPU its executor gives it (none: the GPU is not known)
+    gpu: Accelerator | None = None
+    fits: list[JobFit] = field(default_factory=list)
 
     @property
     def flops(self) -> float:
@@ -116,8 +123,13 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
     stack = use_ensembles(ensembles, kind.ensemble_gpus(gpus)) and nproc == 1
     memory = kind.stack_memory(gpus) if stack else None
     configs = {r.key: r.config for r in todo}
+    made = _jobs(out, todo, spec, stack, nproc, memory)
+    gpu = kind.memory_gpu(gpus, rate.gpu)  # every job's plan checked on it, before the rows
+    fits = fit_jobs(made, gpu) if gpu is not None else []
+    if gpu is not None:
+        check_fits(fits, gpu)
     jobs = []
-    for job in _jobs(out, todo, spec, stack, nproc, memory):
+    for job in made:
         cfgs = [configs[k] for k in job.keys]
         flops = sum(run_flops(c) for c in cfgs)
         tc = cfgs[0].train
@@ -127,7 +139,7 @@ def plan_study(spec: StudySpec, out: str | Path, executor: str = "local", *,
                             cpus, nproc, gpu_h, wall_h, kind.timeouts(opts, wall_h)))
     plan = StudyPlan(spec.name, Path(out), executor, len(runs), len(runs) - len(todo), jobs,
                      rate, any(len(j.labels) > 1 for j in jobs),
-                     time_limited=kind.time_limited)
+                     time_limited=kind.time_limited, gpu=gpu, fits=fits)
     plan.settings = kind.settings(opts, Path(out), gpus, cpus, nproc, len(jobs))
     plan.warnings = kind.warnings(opts, [j.timeouts for j in jobs], gpus)
     plan.stages = [p for st in later if (p := st.plan(rate if gpus else None)) is not None]
@@ -169,6 +181,8 @@ def format_plan(plan: StudyPlan) -> str:
         if limited:
             row += f" {j.timeouts if j.timeouts is not None else '-':>9}"
         lines.append(row)
+    if plan.gpu is not None and plan.fits:
+        lines += format_fits(plan.fits, plan.gpu)
     total = plan.gpu_hours
     longest = max((j.wall_hours for j in plan.jobs if j.wall_hours is not None), default=None)
     lines.append("")

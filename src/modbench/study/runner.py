@@ -20,7 +20,7 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,8 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
               spending: str = "obrien_fleming",
               runs: list[RunSpec] | None = None,
               replicate: Sequence[str] = (),
-              futility: float | None = None) -> dict[str, Any]:
+              futility: float | None = None,
+              gpu_type: str | None = None) -> dict[str, Any]:
     """Run every missing run of ``spec`` into the study folder ``out``, stage by stage
     (:mod:`modbench.study.stages`): the study's own runs; with ``until_decided=N`` the seeds a
     group-sequential design adds, up to N per group (Lan–DeMets ``spending``:
@@ -166,7 +167,11 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     stacked in one process (:func:`use_ensembles`; methods that cannot stack train seed by
     seed). ``runs``: these runs instead of the spec's own. ``replicate``: run only the
     replication of the (finished) study under these changes (``study replicate --change``,
-    :mod:`modbench.study.stages.replication`).
+    :mod:`modbench.study.stages.replication`). Each stage's jobs are checked against the GPU
+    the executor gives them (:meth:`ExecutorKind.memory_gpu
+    <modbench.study.executors.base.ExecutorKind.memory_gpu>`: ``gpu_type``, else a cluster's
+    assumed H100 80 GB, or the local executor's CUDA device) before their data is prepared:
+    jobs whose memory plan fits nothing are refused (:class:`modbench.study.fits.JobsDoNotFit`).
     """
     check_until_decided(until_decided)
     check_spending(spending)
@@ -193,6 +198,7 @@ def run_study(spec: StudySpec, out: str | Path, *, executor: str = "local",
     session = StudySession(ex, use_ensembles(ensembles, kind.ensemble_gpus(ex.gpus_per_job)),
                            kind.stack_memory, progress)
     try:
+        session.gpu = kind.memory_gpu(ex.gpus_per_job, gpu_type)
         for stage in stages:
             stage.run(session)
     except ModbenchError:
@@ -241,6 +247,8 @@ class StudySession:
             "failures": []}
         self.stores: dict[Path, Store] = {}
         self.fresh: list[Path] = []
+        self.gpu: Any = None  # the GPU each job's memory plan is checked on (None: none)
+        self.planned: dict[str, Any] = {}  # the plans made, for the next stages' jobs
 
     def store(self, spec: StudySpec, folder: Path) -> Store:
         if folder not in self.stores:
@@ -257,7 +265,15 @@ class StudySession:
                 until: int | None = None) -> None:
         store = self.store(spec, Path(folder))
         _execute(store, runs, spec, folder, self.ex, self.counts, self.counts["failures"],
-                 self.progress, self.stack, self.nproc, self.memory, until)
+                 self.progress, self.stack, self.nproc, self.memory, until,
+                 self.check_fits if self.gpu is not None else None)
+
+    def check_fits(self, jobs: list[Job]) -> None:
+        """Refuse the jobs whose memory plan fits nothing on :attr:`gpu`
+        (:mod:`modbench.study.fits`), each plan made once a session."""
+        from modbench.study.fits import check_fits, fit_jobs
+
+        check_fits(fit_jobs(jobs, self.gpu, self.planned), self.gpu)
 
     def remove_fresh(self) -> None:
         """Remove each study folder this session made in which no run started: no run
@@ -273,13 +289,18 @@ class StudySession:
 def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path, ex: Executor,
              counts: dict[str, Any], failures: list[str], progress: bool,
              stack: bool = False, nproc: int = 1, memory: int | None = None,
-             until: int | None = None) -> None:
+             until: int | None = None,
+             check: Callable[[list[Job]], None] | None = None) -> None:
     """Train ``runs`` (those not done) through ``ex``; with ``until``, only to that step
     (paused runs go back to pending; not counted, the call that trains them to the end
-    counts them)."""
+    counts them). ``check`` refuses jobs first, before any data work (the session's memory
+    check: :meth:`StudySession.check_fits`)."""
     for r in runs:
         store.register(r.key, r.scale, r.method, r.seed)
     todo = [r for r in runs if store.state(r.key) != "done"]
+    made = _jobs(out, todo, spec, stack, nproc, memory)
+    if check is not None and made:
+        check(made)
     _prepare_data(todo, progress)
     if until is None:
         counts["total"] += len(runs)
@@ -288,8 +309,7 @@ def _execute(store: Store, runs: list[RunSpec], spec: StudySpec, out: str | Path
     bar = StudyProgress(spec.name, views_for(todo, store), store, enabled=progress,
                         done_before=len(runs) - len(todo), workers=getattr(ex, "workers", None))
     try:
-        jobs = [dataclasses.replace(j, until=until)
-                for j in _jobs(out, todo, spec, stack, nproc, memory)]
+        jobs = [dataclasses.replace(j, until=until) for j in made]
         for results in ex.run(jobs):
             for res in results:
                 counts[res.outcome] += 1

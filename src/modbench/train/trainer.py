@@ -305,6 +305,9 @@ class Trainer:
                                     else init_checkpoint(tc.init_from))
             self.device = rank_device(resolve_device(tc.device), self.world)
             self.world.init(self.device, tc.dist_timeout)
+            # train.parallel=auto and train.micro_batch_size=auto: the memory plan's, before
+            # the data is opened (hashing a large corpus) and before a file is written
+            self.parallel, self.micro_batch = self._layout()
             # 3. data (missing, corrupt, wrong vocabulary, wrong packing); in a group rank 0
             # prepares the built-in corpus, one process per node hashes the shards, and every
             # process refuses damaged data in the same line (runtime.data.open_data_in_group)
@@ -694,8 +697,6 @@ class Trainer:
         ``config.yaml``. Returns the step the loop starts at. Fresh run folders whose set-up
         fails are removed."""
         tc = self.cfg.train
-        # train.micro_batch_size=auto: the memory plan's, refused before a file is written
-        self.micro_batch = self._micro_batch()
         ckpts = _resume_points(self.members) if self.resume else {}
         self.world.barrier()  # every process has read the folders before rank 0 writes
         created = [lock.folder for lock in self.locks if lock.created]  # rank 0's
@@ -728,30 +729,40 @@ class Trainer:
                 m.cfg.train.micro_batch_size = self.micro_batch  # callbacks read the choice
         return starts.pop()
 
-    def _micro_batch(self) -> int | None:
-        """Sequences a forward of this process takes: ``train.micro_batch_size``, or for
-        ``auto`` the largest that divides the process's batch and fits the device by the
-        memory plan (:func:`modbench.measure.plan.choose_micro_batch`; the device's memory,
-        or ``train.device_memory_gb``), printed once. A run that does not fit at micro-batch 1
-        is refused in one line."""
+    def _layout(self) -> tuple[str, int | None]:
+        """How this run's processes hold it (:func:`modbench.measure.plan.layout`):
+        ``train.parallel`` (``auto``: DDP where the memory plan fits the device with DDP, else
+        FSDP; ddp with one process and on the CPU) and the sequences a forward takes
+        (``train.micro_batch_size``, or for ``auto`` the largest that divides the process's
+        batch and fits the device), planned against the device's memory or
+        ``train.device_memory_gb``; each choice printed once. A run that fits nothing is
+        refused in one line."""
         tc = self.cfg.train
-        if tc.micro_batch_size != "auto":
-            return tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else None
-        from modbench.measure.plan import choose_micro_batch, gb
+        from modbench.measure.plan import gb, layout
         from modbench.runtime.gpus import device_memory_bytes
 
         nbytes = (int(tc.device_memory_gb * 1e9) if tc.device_memory_gb is not None
                   else device_memory_bytes(self.device))
-        mp = choose_micro_batch(self.cfg, nbytes, nproc=self.world.size,
-                                parallel=tc.parallel, ensembles=len(self.members),
-                                device_type=self.device.type,
-                                checkpointing=apply_activation_checkpointing)
-        if self.world.main and self.progress:
+        lay = layout(self.cfg, nbytes, nproc=self.world.size, ensembles=len(self.members),
+                     device_type=self.device.type, checkpointing=apply_activation_checkpointing)
+        mp = lay.plan
+        say = self.world.main and self.progress
+        if lay.chosen and mp is not None and say:
+            why = "".join(f"; {t.parallel.upper()}'s peak {gb(t.peak_bytes)} does not fit"
+                          for t in lay.rejected)
+            print(f"train.parallel=auto: {lay.parallel} across the {self.world.size} processes "
+                  f"(planned peak {gb(mp.peak_bytes)} of {gb(mp.usable_bytes)} usable a "
+                  f"process{why})", file=sys.stderr, flush=True)
+        if tc.micro_batch_size != "auto":
+            mb = tc.micro_batch_size
+            return lay.parallel, mb if isinstance(mb, int) else None
+        assert mp is not None  # a micro-batch to choose is always planned
+        if say:
             print(f"train.micro_batch_size=auto: {mp.micro_batch} of the "
                   f"{tc.batch_size // self.world.size} sequences a process trains on a step "
                   f"(planned peak {gb(mp.peak_bytes)} of {gb(nbytes)}; modbench plan)",
                   file=sys.stderr, flush=True)
-        return mp.micro_batch
+        return lay.parallel, mp.micro_batch
 
     def _engine(self, models: list[nn.Module]) -> Engine:
         """The engine: the members on this device, or one member across the processes."""
@@ -770,7 +781,7 @@ class Trainer:
             dtype = fsdp_param_dtype(tc.fsdp_param_dtype, cfg.recipe.precision, self.device)
             engine = DistributedEngine(
                 models[0], lambda model: build_optimizer(model, cfg.recipe), self.device,
-                autocast, self.world, parallel=tc.parallel,
+                autocast, self.world, parallel=self.parallel,
                 n_micro=local_batch(tc, self.world.size, self.micro_batch)[1],
                 compile=setting, param_dtype=dtype, on_compiled=on_compiled)
             if engine.units and self.world.main and self.progress:
@@ -864,6 +875,8 @@ class Trainer:
             meta["init_from"] = init_from
         if m.cfg.train.micro_batch_size == "auto":
             meta["micro_batch_size"] = self.micro_batch  # what auto chose on this device
+        if m.cfg.train.parallel == "auto" and self.world.size > 1:
+            meta["parallel"] = self.parallel  # what auto chose for these processes
         m.out.mkdir(parents=True, exist_ok=True)
         for stale in (m.out / CHECKPOINT, previous_path(m.out / CHECKPOINT)):
             stale.unlink(missing_ok=True)  # a stacked member restarted with the others
@@ -911,7 +924,7 @@ class Trainer:
             "micro_batch_size": self.micro_batch or tc.batch_size // self.world.size,
             **({"stacked_seeds": [x.cfg.seed for x in self.members]}
                if len(self.members) > 1 else {}),
-            **({"processes": self.world.size, "parallel": tc.parallel}
+            **({"processes": self.world.size, "parallel": self.parallel}
                if self.world.size > 1 else {}),
             **({"fsdp_units": self.engine.units}
                if getattr(self.engine, "units", None) else {}),

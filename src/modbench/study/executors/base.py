@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from modbench.errors import ModbenchError, suggest
 
 if TYPE_CHECKING:
+    from modbench.runtime.gpus import Accelerator
     from modbench.study.jobs import Executor
 
 CLUSTER_EXTRA = "pip install 'modbench[cluster]'"
@@ -207,6 +208,22 @@ class ExecutorKind:
         from modbench.runtime.gpus import lookup
 
         return lookup("h100-80gb").memory_bytes
+
+    def memory_gpu(self, gpus: int | None, gpu_type: str | None = None) -> Accelerator | None:
+        """The GPU each job's memory plan is checked against (:mod:`modbench.study.fits`)
+        where a job gets ``gpus`` GPUs: ``gpu_type`` (``--gpu-type``: H100, H200, A100,
+        B200), else the H100 80 GB a cluster job is assumed to get (as :meth:`stack_memory`
+        assumes); None without GPUs, or for a GPU the catalogue does not know (a
+        ``--gpu-tflops`` one): nothing is checked."""
+        if not gpus:
+            return None
+        from modbench.runtime.gpus import lookup
+        from modbench.study.costs import DEFAULT_GPU
+
+        try:
+            return lookup(gpu_type or DEFAULT_GPU)
+        except ModbenchError:
+            return None
 
     # ------------------------------------------------------------------ dry run
 

@@ -19,12 +19,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modbench.errors import ModbenchError
 from modbench.study.executors.base import ExecutorKind, per_run, register
 from modbench.study.jobs import Job, JobResult, execute_job, lost_job_results
 from modbench.study.store import Store, StoreWriteError
+
+if TYPE_CHECKING:
+    from modbench.runtime.gpus import Accelerator
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,19 @@ class LocalKind(ExecutorKind):
         from modbench.runtime.gpus import device_memory_bytes
 
         return device_memory_bytes(torch.device("cuda", 0))
+
+    def memory_gpu(self, gpus: int | None, gpu_type: str | None = None) -> Accelerator | None:
+        """This machine's first GPU with its own memory (``--gpu-type`` names the estimate's
+        GPU, not this one); None without CUDA: nothing is checked."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from modbench.runtime.gpus import Accelerator, detect, device_memory_bytes
+
+        dev = torch.device("cuda", 0)
+        return detect(dev) or Accelerator("cuda", torch.cuda.get_device_name(dev),
+                                          device_memory_bytes(dev) / 1e9, None)
 
     def plan_gpus(self, opts: LocalOptions) -> int:
         if (opts.gpus_per_run or 0) > 1:
