@@ -157,6 +157,9 @@ def test_halving_drops_by_the_recorded_losses_and_the_rest_equal_an_unhalved_pro
     assert steps["steps_trained"] == sum(r["summary"]["steps"] for r in runs.values()) \
         < steps["steps_planned"]
     assert counts["dropped"] == len(SEEDS) * len(gone)
+    # the frozen study's 4 runs and the profile's kept runs trained; nothing was done before
+    assert counts["already_done"] == 0
+    assert counts["trained"] == 4 + len(runs) - counts["dropped"]
     cells = {(m, c["rate"]): c for m, p in data["scales"]["tiny"]["profiles"].items()
              for c in p["cells"]}
     for method, point in gone:

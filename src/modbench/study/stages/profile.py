@@ -171,12 +171,15 @@ class LrProfileStage(Stage):
     def run(self, session: Session) -> None:
         spec, keys = self.stage_spec(), [p.run.key for p in self.points]
         decisions: list[dict[str, Any]] = []
+        dropped = session.counts.get("dropped", 0)
         if self.halving is not None:
             decisions = run_rungs(self.points, self.seeds, self.labels(), self.halving, session,
                                   spec, self.folder)
         elif (self.folder / "index.sqlite").is_file():  # a rule no longer set: train them on
             reopen_dropped(Store(self.folder), keys)
         session.execute(spec, self.folder, self.runs())
+        # the runs dropped now are done in the index, but not done before this run
+        session.counts["already_done"] -= session.counts.get("dropped", 0) - dropped
         atomic_write_text(self.folder / PROFILE_FILE,
                           json.dumps(self.judge(load_rows(self.folder), decisions), indent=1,
                                      default=str) + "\n")
