@@ -24,10 +24,11 @@ same loop over a :class:`~modbench.train.distributed.DistributedEngine` (DDP or 
 callback runs on every process, and only rank 0 writes files.
 
 A stop signal (SIGUSR1, SIGUSR2, SIGTERM: a scheduler's warning before a time limit or a
-preemption; :func:`modbench.runtime.checkpoint.stop_on_signals`) is read between steps: the
-run finishes its step, saves a checkpoint of it (every process of a group at the same step)
-and raises :class:`~modbench.runtime.checkpoint.Preempted` (exit status 75); ``--resume``
-continues it exactly.
+preemption; :func:`modbench.runtime.checkpoint.stop_on_signals`) is read after every step
+(a group agrees on it at each step: :meth:`Trainer._stop_between`): the run finishes its
+step, saves a checkpoint of it (every process of a group at the same step) and raises
+:class:`~modbench.runtime.checkpoint.Preempted` (exit status 75); ``--resume`` continues it
+exactly.
 
 The run folder's files are described in :mod:`modbench.runtime.runfolder` and docs/runs.md.
 """
@@ -466,7 +467,9 @@ class Trainer:
         norms = self.engine.clip_grad_norm(self.cfg.recipe.grad_clip, idx)
         self._emit(live, "after_backward", step)
         pending.append(_Pending(step, lr, live, batch, mask, losses, norms))
-        closes = self._window_closes(done)
+        # a stop asked mid-window closes it here, so the save starts a step after the signal,
+        # not up to a window later (a host flag, agreed by the group: _stop_between)
+        closes = self._window_closes(done) or self._stop_between(done)
         if closes:
             live = self._read_back(pending)
         self.engine.update([m.index for m in live])
@@ -648,6 +651,31 @@ class Trainer:
     def _group_error(self, error: BaseException) -> ModbenchError | None:
         """A collective of the group that timed out or lost a process, as one line."""
         return collective_failure(error, self.world, self.cfg.train.dist_timeout)
+
+    def _stop_between(self, done: int) -> bool:
+        """Whether a stop was asked before a step that closes no window (read every step:
+        a host flag, no device sync). One process reads its flag; a group agrees on it at
+        every such step through a host-side (gloo) all-reduce, so every process closes the
+        window at the same step (the window end's agreement, :meth:`_stop_signal`, then
+        decides the stop). Never at the last step: the run ends there anyway."""
+        if done >= self.stop_step:
+            return False
+        got = stop_requested() is not None
+        if self.world.size < 2:
+            return got
+        flag = torch.tensor([int(got)], dtype=torch.int64)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX,
+                                     group=self._host_group)
+        return bool(flag.item())
+
+    @property
+    def _host_group(self) -> Any:
+        """A gloo group of the processes for host-side flags (None: the default group is gloo
+        already); made on first use, at the same step on every process."""
+        if not hasattr(self, "_host"):
+            gloo = torch.distributed.get_backend() == "gloo"
+            self._host = None if gloo else torch.distributed.new_group(backend="gloo")
+        return self._host
 
     def _stop_signal(self) -> int | None:
         """The signal that asked the run to stop (0: its group's stop file), agreed by every
