@@ -964,6 +964,15 @@ def host_memory_bytes(cfg: RunConfig, nproc: int = 1) -> int:
     return _host_bytes(weights, opt, max(1, nproc))
 
 
+def checkpoint_bytes(cfg: RunConfig) -> int:
+    """Bytes a checkpoint of run ``cfg`` writes: its fp32 weights and optimizer state (what
+    rank 0 gathers and saves; the SLURM executor's signal lead time). Counted without
+    tracing."""
+    run, p = plan_run(cfg)
+    _, weights, opt, _ = _resident(p, run.recipe.optimizer)
+    return weights + opt
+
+
 def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
     """A copy of ``cfg`` with ``train.micro_batch_size`` set."""
     out = copy.deepcopy(cfg)
@@ -973,6 +982,6 @@ def with_micro_batch(cfg: RunConfig, micro_batch: int | None) -> RunConfig:
 
 __all__ = ["FIXED_ALLOWANCE", "MARGIN", "MAX_PLANNED_BATCH", "MAX_PLANNED_LAYERS", "DoesNotFit",
            "Layout", "LiveBytes", "MemoryPlan", "auto_parallel", "check_micro_batch",
-           "check_plannable", "check_split", "choose_micro_batch", "divisors",
+           "check_plannable", "check_split", "checkpoint_bytes", "choose_micro_batch", "divisors",
            "host_memory_bytes", "layout", "max_ensembles", "plan_memory", "plan_or_needs",
            "refusal", "usable_bytes"]

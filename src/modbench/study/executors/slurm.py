@@ -10,8 +10,9 @@ Every wave of a study (its runs, then each ``--until-decided`` round) is one job
 ``--slurm-*`` options. Logs and submitit's pickles go to ``<study>/slurm`` (``--slurm-folder``).
 
 Each task runs :class:`StudyTask`, a submitit ``Checkpointable``. Before SLURM preempts a
-task or its time limit comes, it sends the task submitit's signal (SIGUSR2,
-:data:`SIGNAL_DELAY_S` seconds ahead: ``--signal=USR2@120``). The run training then finishes
+task or its time limit comes, it sends the task submitit's signal (SIGUSR2, as far ahead as
+:func:`signal_lead_s` plans the array's longest step and checkpoint write to take, at least
+:data:`SIGNAL_DELAY_S` seconds: ``--signal=USR2@300``). The run training then finishes
 its step, saves a checkpoint of it (every process of a torchrun group gathering its part) and
 stops (:class:`modbench.runtime.checkpoint.Preempted`); only then does the task hand the
 signal to submitit, which calls :meth:`StudyTask.checkpoint` and requeues the same task, so no
@@ -165,9 +166,49 @@ class SlurmKind(ExecutorKind):
 KIND = register(SlurmKind())
 
 
-#: seconds before the end of an allocation at which SLURM signals a task: time to finish a
-#: step and write a checkpoint (a 3B run's ~36 GB of fp32 state at a few hundred MB/s)
+#: the least time (s) before the end of an allocation at which SLURM signals a task; a job
+#: whose step and checkpoint take longer asks for more (:func:`signal_lead_s`)
 SIGNAL_DELAY_S = 300
+#: checkpoint write speed assumed on a cluster's shared file system (bytes/s): a conservative
+#: few hundred MB/s (the lead time's save term)
+SAVE_BYTES_PER_S = 200e6
+#: seconds added to the lead for the process to exit and hand the signal to submitit
+EXIT_SLACK_S = 60
+#: the GPU peak (dense bf16 TFLOP/s) a step is planned at when the executor is not told its
+#: GPU: an A100's, the slowest of the catalogue's training GPUs, so the lead errs long
+LEAD_PEAK_TFLOPS = 312.0
+
+
+def lead_for(step_s: float, save_s: float) -> int:
+    """Seconds of warning a run needs: the step under way when the signal comes (the stop is
+    read after every step) and the checkpoint write, each with half again for noise, and
+    :data:`EXIT_SLACK_S`; at least :data:`SIGNAL_DELAY_S`."""
+    return max(SIGNAL_DELAY_S, math.ceil(1.5 * (step_s + save_s) + EXIT_SLACK_S))
+
+
+def signal_lead_s(jobs: list[Job], time_min: int | None = None,
+                  peak_tflops: float = LEAD_PEAK_TFLOPS, mfu: float | None = None) -> int:
+    """The ``--signal`` lead the array's tasks ask for (the largest of its jobs'):
+    :func:`lead_for` of a job's planned step (its training and validation FLOPs a step, its
+    stacked seeds together, over its GPUs at ``peak_tflops`` times ``mfu``, default
+    :data:`~modbench.study.costs.DEFAULT_MFU`) and its checkpoint write
+    (:func:`modbench.measure.plan.checkpoint_bytes` of each seed at
+    :data:`SAVE_BYTES_PER_S`); at most half the time limit ``time_min`` (a longer lead would
+    stop a task soon after it starts), never below :data:`SIGNAL_DELAY_S`."""
+    from modbench.measure.plan import checkpoint_bytes
+    from modbench.study.costs import DEFAULT_MFU, run_flops
+
+    rate = peak_tflops * 1e12 * (mfu or DEFAULT_MFU)
+    lead = SIGNAL_DELAY_S
+    for job in jobs:
+        cfg = job.configs[0]
+        step_s = (run_flops(cfg) / max(1, cfg.train.steps) * len(job.configs)
+                  / (max(1, job.nproc) * rate))
+        save_s = checkpoint_bytes(cfg) * len(job.configs) / SAVE_BYTES_PER_S
+        lead = max(lead, lead_for(step_s, save_s))
+    if time_min is not None:
+        lead = min(lead, max(SIGNAL_DELAY_S, time_min * 60 // 2))
+    return int(lead)
 
 
 def host_memory_gb(jobs: list[Job]) -> int:
@@ -241,7 +282,7 @@ class SlurmExecutor:
                                    local_max_num_timeout=timeouts)
         params: dict[str, Any] = {
             "name": f"modbench-{root.name}",
-            "slurm_signal_delay_s": SIGNAL_DELAY_S,
+            "slurm_signal_delay_s": signal_lead_s(jobs, o.time_min),
             "timeout_min": o.time_min,
             "nodes": 1,
             "tasks_per_node": 1,  # one process per job; a multi-GPU run starts torchrun itself
