@@ -44,6 +44,8 @@ EXECUTION_KEYS: dict[str, object] = {
     "train.log_layers_every": None,
     "train.trackers": None,
     "train.dist_timeout": None,
+    "train.dist_step_timeout": None,
+    "train.max_restarts": None,
 }
 
 
@@ -275,6 +277,15 @@ class TrainConfig:
     # all-reduce, a checkpoint's gather) before the run fails in one line naming this key;
     # passed to init_process_group. How long it may wait, never what it computes.
     dist_timeout: float = 1800.0
+    # ... once the first step has run: a shorter wait, so a stuck or lost process ends the run
+    # (and a restart, max_restarts, begins) in minutes; start-up (data preparation, hashing,
+    # compiling, the first step) keeps dist_timeout, and so does a checkpoint's write. The
+    # smaller of the two applies.
+    dist_step_timeout: float = 300.0
+    # Multi-process runs: times torchrun starts the whole group again after a process failed
+    # or was killed (torchrun's --max-restarts); each restart resumes from the last
+    # checkpoint. 0: a failure ends the run.
+    max_restarts: int = 0
     # Recompute decoder blocks' activations in the backward (torch.utils.checkpoint) instead
     # of keeping them: less memory, more compute, the same numbers. false | true (= full:
     # every block, each keeps only its input) | every:K (every K-th block) | attn (every
@@ -366,6 +377,15 @@ class TrainConfig:
                 isinstance(self.dist_timeout, int | float) and 0 < self.dist_timeout < 1e9):
             raise ModbenchError(f"train.dist_timeout must be a positive number of seconds "
                                 f"(default 1800), got {self.dist_timeout!r}")
+        if isinstance(self.dist_step_timeout, bool) or not (
+                isinstance(self.dist_step_timeout, int | float)
+                and 0 < self.dist_step_timeout < 1e9):
+            raise ModbenchError(f"train.dist_step_timeout must be a positive number of seconds "
+                                f"(default 300), got {self.dist_step_timeout!r}")
+        mr = self.max_restarts
+        if isinstance(mr, bool) or not isinstance(mr, int) or not 0 <= mr <= 100:
+            raise ModbenchError(f"train.max_restarts must be a whole number from 0 to 100 "
+                                f"(0: a failed process ends the run), got {mr!r}")
         ac = self.activation_checkpointing
         if not (isinstance(ac, bool) or ac in ("full", "attn")
                 or (isinstance(ac, str) and _EVERY_K.fullmatch(ac))):

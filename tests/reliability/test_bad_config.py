@@ -96,6 +96,8 @@ POOLS: dict[str, list[Any]] = {
     "train.init_from": [None, "/nonexistent/run", 5, "", ["a"]],
     "train.parallel": ["ddp", "fsdp", "zero", "", 1],
     "train.dist_timeout": [1800, 0.5, 0, -5, "x", True, ".inf", None],
+    "train.dist_step_timeout": [300, 0.5, 0, -5, "x", True, ".inf", ".nan", None],
+    "train.max_restarts": [0, 1, 3, -1, 101, 1.5, True, "x", None],
     "train.fsdp_param_dtype": ["auto", "bf16", "fp32", "fp16", "", 1, None],
     "train.activation_checkpointing": [False, True, "yes", None],
     "train.log_layers": [False, True, "yes", None],

@@ -89,6 +89,9 @@ def test_probe_loss_reaches_runs_and_keeps_old_keys(tmp_path: Path) -> None:
         assert before["train"].pop("stall_min_steps") == 100
         # issue 27: how a run fits and survives on a cluster, at their defaults
         assert before["train"].pop("dist_timeout") == 1800.0  # an execution key
+        # issue 46: the step timeout and torchrun's restarts, execution keys
+        assert before["train"].pop("dist_step_timeout") == 300.0
+        assert before["train"].pop("max_restarts") == 0
         assert before["train"].pop("device_memory_gb") is None
         assert before["train"].pop("onednn") is True  # issue 45: a replication factor
         # the stall stop's looks (studies: every 100 steps) where every validation is a look

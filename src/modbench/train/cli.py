@@ -61,6 +61,10 @@ _NprocOpt = Annotated[int | None, typer.Option(
     help="Train with N processes on this node (torchrun; one per GPU on CUDA, gloo on "
          "the CPU): DDP, or FSDP with --set train.parallel=fsdp. train.batch_size is the "
          "global batch and must divide by N; the data order equals one process's.")]
+_MaxRestartsOpt = Annotated[int | None, typer.Option(
+    help="With --nproc: start the group again up to N times after a process failed or was "
+         "killed, each time resuming from the last checkpoint (train.max_restarts) "
+         "[default: 0].")]
 _ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 
 
@@ -77,6 +81,7 @@ def train_command(
     resume: _ResumeOpt = False,
     set_: _SetOpt = None,
     nproc: _NprocOpt = None,
+    max_restarts: _MaxRestartsOpt = None,
     progress: _ProgressOpt = True,
     methods_from: MethodsFrom = None,
 ) -> None:
@@ -96,7 +101,8 @@ def train_command(
     trained = train_runs(TrainOptions(
         preset=preset, method=method, seed=seed, seeds=parse_seeds(seeds, seed), steps=steps,
         out=out, recipe=recipe, config=config, checkpoint_every=checkpoint_every, resume=resume,
-        overrides=list(set_ or []), nproc=nproc, progress=progress), note=typer.echo)
+        overrides=list(set_ or []), nproc=nproc, progress=progress,
+        max_restarts=max_restarts), note=typer.echo)
     if trained.report:
         for folder, summary in trained.runs:
             _print_summary(summary, folder)

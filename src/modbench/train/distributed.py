@@ -113,12 +113,19 @@ from modbench.train.recompute import stateful_buffers
 @dataclass
 class World:
     """This process's place in the group: ``rank`` of ``size``, on local device
-    ``local_rank``. ``owned``: this process's trainer initialised the group (and ends it)."""
+    ``local_rank``. ``owned``: this process's trainer initialised the group (and ends it).
+
+    ``waits``: the config key and seconds a collective waits now (``train.dist_timeout`` from
+    :meth:`init`, ``train.dist_step_timeout`` once :meth:`settle` ran); None: a group this
+    process did not initialise, left as its owner set it."""
 
     rank: int = 0
     local_rank: int = 0
     size: int = 1
     owned: bool = False
+    waits: tuple[str, float] | None = None
+    startup: float | None = None  # train.dist_timeout, for start-up and checkpoints
+    steady: tuple[str, float] | None = None  # what settle set, for patient() to restore
 
     @property
     def main(self) -> bool:
@@ -133,11 +140,60 @@ class World:
             return
         extra: dict[str, Any] = {} if timeout is None else {
             "timeout": datetime.timedelta(seconds=timeout)}
+        extra.update(self._attempt_store(timeout))
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device, **extra)
         else:
             dist.init_process_group("gloo", **extra)
         self.owned = True
+        if timeout is not None:
+            self.startup, self.waits = timeout, ("train.dist_timeout", timeout)
+
+    def _attempt_store(self, timeout: float | None) -> dict[str, Any]:
+        """In a group torchrun started again (``train.max_restarts``): the group's store, the
+        torchrun agent's, under a prefix of this attempt. The agent keeps one store for every
+        attempt and torch's env:// adds no prefix, so a restarted process could read a key a
+        process of the failed attempt wrote (its old address: gloo then fails to connect to a
+        dead port). Empty (env:// as it is) on a first start."""
+        attempt = restart_count()
+        if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+            return {}
+        wait = datetime.timedelta(seconds=timeout if timeout is not None else 1800)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size=self.size, is_master=False, timeout=wait)
+        return {"store": dist.PrefixStore(f"modbench/attempt_{attempt}", store),
+                "rank": self.rank, "world_size": self.size}
+
+    def settle(self, step_timeout: float) -> None:
+        """Training has started: from now on a collective of every group of this process
+        waits ``step_timeout`` seconds (``train.dist_step_timeout``; no longer than
+        ``train.dist_timeout``), so a stuck or lost process ends the run in minutes, not the
+        half hour that start-up (data preparation, hashing, compiling) may need. Only a group
+        this process's trainer initialised; once."""
+        if not self.owned or self.startup is None or self.steady is not None:
+            return
+        if step_timeout < self.startup:
+            self.steady = ("train.dist_step_timeout", step_timeout)
+        else:
+            self.steady = ("train.dist_timeout", self.startup)
+        _set_group_timeouts(self.steady[1])
+        self.waits = self.steady
+
+    @contextlib.contextmanager
+    def patient(self) -> Iterator[None]:
+        """Inside, collectives wait ``train.dist_timeout`` again (a large checkpoint's write on
+        rank 0 may outlast the step timeout the other processes wait under)."""
+        if self.steady is None or self.startup is None or not dist.is_initialized():
+            yield
+            return
+        _set_group_timeouts(self.startup)
+        self.waits = ("train.dist_timeout", self.startup)
+        try:
+            yield
+        finally:
+            if dist.is_initialized():
+                _set_group_timeouts(self.steady[1])
+                self.waits = self.steady
 
     def barrier(self) -> None:
         if self.size > 1:
@@ -150,6 +206,18 @@ class World:
             self.owned = False
 
 
+def _set_group_timeouts(seconds: float) -> None:
+    """Set the timeout of every process group of this process (the default group, and those
+    made since: the host-side gloo group of an nccl run) for the collectives issued from now
+    on (torch's ``_set_pg_timeout``; NCCL's watchdog reads each collective's own)."""
+    c10d = dist.distributed_c10d
+    groups = list(getattr(getattr(c10d, "_world", None), "pg_map", None) or {}) or [None]
+    with warnings.catch_warnings():  # a backend other than gloo and nccl: left as it is
+        warnings.simplefilter("ignore")
+        for group in groups:
+            c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), group)
+
+
 _TIMED_OUT = re.compile(r"time[ds]? ?out|timeout|deadline", re.IGNORECASE)
 _PEER_LOST = re.compile(r"connection (closed|reset|refused)|broken pipe|by peer|remote "
                         r"process|socket|NCCL", re.IGNORECASE)
@@ -158,18 +226,20 @@ _PEER_LOST = re.compile(r"connection (closed|reset|refused)|broken pipe|by peer|
 def collective_failure(error: BaseException, world: World,
                        timeout: float) -> ModbenchError | None:
     """A one-line error for a collective that failed in a group of processes: waited past
-    ``train.dist_timeout`` (another process is slow or stuck), or lost a process that died
-    (its own error is the one to read); None for an error that is not the group's."""
+    its timeout (``world.waits``, else ``train.dist_timeout``: another process is slow or
+    stuck), or lost a process that died (its own error is the one to read); None for an error
+    that is not the group's."""
     if world.size < 2 or isinstance(error, ModbenchError) or not isinstance(
             error, RuntimeError | ConnectionError | TimeoutError):
         return None
     text = str(error)
     where = f"process {world.rank} of {world.size}"
+    key, seconds = world.waits or ("train.dist_timeout", timeout)
     if _TIMED_OUT.search(text):
         return ModbenchError(
-            f"{where} waited more than train.dist_timeout={timeout:g}s at a collective (the "
+            f"{where} waited more than {key}={seconds:g}s at a collective (the "
             "data check, a step or a checkpoint) for another process, which is stuck or much "
-            "slower; raise train.dist_timeout if that wait is expected, else look at the "
+            f"slower; raise {key} if that wait is expected, else look at the "
             "other processes' errors, then continue the run with --resume")
     if (isinstance(error, ConnectionError | dist.DistBackendError)
             or _PEER_LOST.search(text)):
@@ -627,11 +697,15 @@ def _fully_shard(model: nn.Module, device: torch.device, size: int,
 
 
 def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = False,
-           progress: bool = False) -> dict[str, Any]:
+           progress: bool = False, max_restarts: int | None = None) -> dict[str, Any]:
     """Train ``cfg`` into ``out_dir`` as a torchrun group of ``nproc`` processes on this
     node (``python -m torch.distributed.run --standalone -m modbench.train``), wait, and
     return the run's summary (its ``summary.json``). ``resume`` continues the run in
     ``out_dir`` from its checkpoint, whatever number of processes wrote it.
+
+    ``max_restarts`` (None: ``train.max_restarts``): times torchrun starts the group again
+    after a process failed or was killed; a restarted group resumes from the last checkpoint
+    (:func:`restart_count`). The processes' environment: :func:`group_environment`.
 
     ``progress``: pass the processes' progress bar and messages through to stderr. A
     failure raises :class:`ModbenchError` with one line: the processes' own error where
@@ -639,19 +713,16 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ModbenchError(f"the number of processes must be a positive integer, got "
                             f"{nproc!r}")
+    if max_restarts is not None:
+        cfg = _with_restarts(cfg, max_restarts)
     cfg.validate()
     local_batch(cfg.train, nproc)
     out = Path(out_dir).absolute()
-    env = dict(os.environ)
-    threads = cfg.train.threads or max(1, usable_cpus() // nproc)
-    # set, not defaulted: a Ray worker's OMP_NUM_THREADS (its task's CPUs) would give each
-    # of the nproc processes all of them (torchrun would set 1, and say so)
-    env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="modbench-launch-") as tmp:
         # a stop signal here (SLURM, submitit) reaches the processes as this file: they save
         # the step they are on and stop (runtime.checkpoint.stop_on_signals)
         stop_file = Path(tmp) / "stop"
-        env[STOP_FILE_ENV] = str(stop_file)
+        env = group_environment(cfg, out, nproc, stop_file)
         config = Path(tmp) / "config.yaml"
         config.write_text(dump_yaml(cfg))
         differ = sorted(_differing(resolve(yaml_file=config).to_dict(), cfg.to_dict()))
@@ -660,7 +731,8 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
                                 f"{', '.join(differ)} change); build it with "
                                 "modbench.config.resolve")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", "-m", "modbench.train", "--config", str(config),
+               f"--nproc_per_node={nproc}", f"--max-restarts={cfg.train.max_restarts}",
+               "-m", "modbench.train", "--config", str(config),
                "--out", str(out), "--resume" if resume else "--no-resume",
                "--progress" if progress else "--no-progress"]
         with stop_on_signals(lambda signum: stop_file.touch()):
@@ -680,6 +752,72 @@ def launch(cfg: RunConfig, out_dir: str | Path, nproc: int, *, resume: bool = Fa
                             f"{out / SUMMARY} ({e.__class__.__name__}); run it again with "
                             "resume=True") from None
     return summary
+
+
+#: The prefix of the Flight Recorder's dump files in a run folder (torch appends the rank).
+FLIGHT_RECORDER = "flight_recorder_rank_"
+#: NCCL Flight Recorder entries a process keeps (torchtitan's default, a few MB a process).
+FLIGHT_RECORDER_ENTRIES = 20000
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun in every process it starts
+
+
+def group_environment(cfg: RunConfig, out: Path, nproc: int, stop_file: Path,
+                      environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment :func:`launch` gives the group's processes: ``environ`` (this
+    process's), the thread count, the stop file, and for an nccl group NCCL's Flight Recorder
+    (:func:`flight_recorder_environment`)."""
+    env = dict(os.environ if environ is None else environ)
+    threads = cfg.train.threads or max(1, usable_cpus() // nproc)
+    # set, not defaulted: a Ray worker's OMP_NUM_THREADS (its task's CPUs) would give each
+    # of the nproc processes all of them (torchrun would set 1, and say so)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env[STOP_FILE_ENV] = str(stop_file)
+    if _nccl_group(cfg.train.device):
+        env.update(flight_recorder_environment(out, env))
+    return env
+
+
+def flight_recorder_environment(out: Path, environ: dict[str, str],
+                                version: str | None = None) -> dict[str, str]:
+    """NCCL's Flight Recorder on, its dump written into the run folder ``out``: the last
+    :data:`FLIGHT_RECORDER_ENTRIES` collectives of each process, dumped when a collective
+    times out to ``out/flight_recorder_rank_<rank>`` (read with ``python -m
+    torch.distributed.flight_recorder.fr_trace``: which process stopped at which
+    collective). Only what ``environ`` does not set already (the user's choice wins, under
+    either of torch's names); torch 2.7 on reads the ``TORCH_FR_`` names, earlier ones the
+    ``TORCH_NCCL_`` names."""
+    major, minor = (int(x) for x in re.findall(
+        r"\d+", version or str(torch.__version__))[:2])
+    new = (major, minor) >= (2, 7)
+    names = {  # (the name this torch reads, the other one): the value
+        ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"): str(FLIGHT_RECORDER_ENTRIES),
+        ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+            str(out / FLIGHT_RECORDER),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"): "1",
+    }
+    return {(current if new else legacy): value
+            for (current, legacy), value in names.items()
+            if current not in environ and legacy not in environ}
+
+
+def _nccl_group(device: str) -> bool:
+    """Whether a group on ``train.device`` runs on nccl (CUDA; ``auto`` where CUDA is)."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def restart_count() -> int:
+    """How many times torchrun has started this process's group again after a failure
+    (``TORCHELASTIC_RESTART_COUNT``; 0: the first start, or no torchrun)."""
+    return max(_env_int(RESTART_ENV, 0), 0)
+
+
+def _with_restarts(cfg: RunConfig, max_restarts: int) -> RunConfig:
+    """``cfg`` with ``train.max_restarts`` set (a copy)."""
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg.train.max_restarts = max_restarts
+    return cfg
 
 
 def _differing(a: Any, b: Any, prefix: str = "") -> Iterator[str]:
@@ -755,5 +893,5 @@ def _failure(stderr: str, nproc: int, out: Path, rc: int) -> str:
             "(--resume)")
 
 
-__all__ = ["DistributedEngine", "World", "check_world", "current_world", "launch",
-           "local_batch", "rank_device"]
+__all__ = ["DistributedEngine", "World", "check_world", "current_world", "group_environment",
+           "launch", "local_batch", "rank_device", "restart_count"]

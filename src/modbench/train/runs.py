@@ -40,6 +40,7 @@ class TrainOptions:
     overrides: list[str] = field(default_factory=list)
     nproc: int | None = None
     progress: bool = True
+    max_restarts: int | None = None
 
 
 @dataclass
@@ -105,6 +106,11 @@ def resolve_training(opts: TrainOptions) -> tuple[RunConfig, Path, TrainOptions]
     overrides = list(opts.overrides)
     if opts.checkpoint_every is not None:
         overrides.append(f"train.checkpoint_every={opts.checkpoint_every}")
+    if opts.max_restarts is not None:
+        if opts.nproc is None or opts.nproc < 2:
+            raise ModbenchError("--max-restarts starts a torchrun group again after a failure; "
+                                "add --nproc N with N >= 2, or drop --max-restarts")
+        overrides.append(f"train.max_restarts={opts.max_restarts}")
     config, out = opts.config, opts.out
     first = out / f"s{opts.seeds[0]}" if opts.seeds and out is not None else out
     if opts.resume and config is None and first is not None and (
@@ -121,7 +127,7 @@ def resolve_training(opts: TrainOptions) -> tuple[RunConfig, Path, TrainOptions]
             raise ModbenchError("--resume needs --out, the folder of the run to continue")
         out = _default_out(cfg, opts.seeds)
     return cfg, out, replace(opts, config=config, overrides=overrides, checkpoint_every=None,
-                             out=out)
+                             max_restarts=None, out=out)
 
 
 def _train_seeds(cfg: RunConfig, opts: TrainOptions, out: Path,
@@ -147,6 +153,27 @@ def _train_seeds(cfg: RunConfig, opts: TrainOptions, out: Path,
     return summaries
 
 
+def restarted(opts: TrainOptions) -> TrainOptions:
+    """The options of a process that torchrun started again after its group failed
+    (``train.max_restarts``, ``TORCHELASTIC_RESTART_COUNT`` >= 1): it continues the run in
+    ``out`` from the last checkpoint (``resume``; a folder with no ``config.yaml`` yet starts
+    afresh, as the first start did). A group stopped by its launcher's stop file (a
+    pre-emption: the failure torchrun saw was the saved stop's exit 75) is not started
+    again: this process exits 75 at once."""
+    from modbench.runtime.checkpoint import Preempted, signal_name, stop_requested
+    from modbench.train.distributed import restart_count
+
+    if restart_count() == 0 or opts.out is None or opts.seeds:
+        return opts
+    signum = stop_requested()
+    if signum is not None:
+        raise Preempted(f"stopped by {signal_name(signum)} before a restart; continue with "
+                        "--resume", signum)
+    if not opts.resume and (opts.out / "config.yaml").is_file():
+        return replace(opts, resume=True)
+    return opts
+
+
 def train_runs(opts: TrainOptions, note: Callable[[str], Any] = print) -> Trained:
     """Train what ``modbench train`` asks for (module docstring); ``note`` receives the line
     that says how several seeds were trained. Raises :class:`ModbenchError` for a usage or
@@ -154,7 +181,7 @@ def train_runs(opts: TrainOptions, note: Callable[[str], Any] = print) -> Traine
     from modbench.train.distributed import launch
     from modbench.train.trainer import train
 
-    cfg, out, opts = resolve_training(opts)
+    cfg, out, opts = resolve_training(restarted(opts))
     if opts.nproc is not None and opts.nproc > 1:
         summary = launch(cfg, out, opts.nproc, resume=opts.resume, progress=opts.progress)
         return Trained([(out, summary)])

@@ -101,6 +101,7 @@ from modbench.runtime.runfolder import (
 )
 from modbench.runtime.stall import StallCheck, check_stall, stalled_at, summary_fields
 from modbench.train.distributed import (
+    FLIGHT_RECORDER,
     DistributedEngine,
     check_world,
     collective_failure,
@@ -388,6 +389,8 @@ class Trainer:
                 if not any(m.prog.live for m in self.members):
                     break
                 live, closes = self._train_step(step, batches, pending)
+                if step == began:  # start-up is over: collectives wait dist_step_timeout
+                    self.world.settle(tc.dist_step_timeout)
                 if not closes:
                     continue
                 self.engine.synchronize()
@@ -704,6 +707,15 @@ class Trainer:
         raise Preempted(message, signum)
 
     def _checkpoint(self, m: Member, step: int) -> None:
+        """Save a member's state (:meth:`_save`). Several processes wait for rank 0's write
+        under ``train.dist_timeout``: a large checkpoint's write may take longer than
+        ``train.dist_step_timeout``, which the next step's collective would wait under."""
+        with self.world.patient():
+            self._save(m, step)
+            if self.world.steady is not None:
+                self.world.barrier()
+
+    def _save(self, m: Member, step: int) -> None:
         """Save a member's state. Stacked members keep their previous checkpoint too: a kill
         between two members' writes leaves them a step they all have. Several processes:
         every one gathers the state, rank 0 writes it."""
@@ -1007,7 +1019,8 @@ class Trainer:
                     f"cannot resume {m.out}: the config differs from its config.yaml in "
                     f"{', '.join(diff)}; repeat the original command with --resume"
                 )
-        elif m.out.exists() and any(p.name != LOCK_NAME for p in m.out.iterdir()):
+        elif m.out.exists() and any(p.name != LOCK_NAME and not p.name.startswith(
+                FLIGHT_RECORDER) for p in m.out.iterdir()):  # NCCL's dumps: a restart's start
             raise ModbenchError(
                 f"run folder {m.out} already exists and is not empty; use --resume to "
                 "continue it or choose another --out"
