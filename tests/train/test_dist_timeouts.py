@@ -26,10 +26,10 @@ import torch.multiprocessing as mp
 
 from modbench.config import EXECUTION_KEYS, from_dict, resolve
 from modbench.errors import ModbenchError
-from modbench.runtime.callback import Callback, TrainingRun
 from modbench.study.spec import config_key
 from modbench.train.distributed import World, collective_failure
 from modbench.train.trainer import train
+from tests.train.test_cluster_survival import _SleepAt
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="needs torch.distributed with gloo")
@@ -93,15 +93,6 @@ def test_dist_step_timeout_key() -> None:
 
 
 # ------------------------------------------------------------------------------ a group
-
-
-class _SleepAt(Callback):
-    def __init__(self, step: int, seconds: float) -> None:
-        self.step, self.seconds = step, seconds
-
-    def on_batch(self, run: TrainingRun, step: int, batch: torch.Tensor) -> None:
-        if step == self.step:
-            time.sleep(self.seconds)
 
 
 def _outcome(fn: Any) -> dict[str, Any]:

@@ -80,9 +80,9 @@ def loss_at(run_dir: Path, step: int) -> float | None:
 def reopen_dropped(store: Store, keys: Sequence[str]) -> int:
     """Make the dropped runs among ``keys`` runs to resume again (their summary.json goes, their
     checkpoint stays): the rungs then decide again. Returns how many."""
-    n = 0
+    wanted, n = set(keys), 0
     for row in store.rows():
-        if row["key"] in keys and row["status"] == DROPPED:
+        if row["key"] in wanted and row["status"] == DROPPED:
             (store.run_dir(row["key"]) / "summary.json").unlink(missing_ok=True)
             store.reopen(row["key"])
             n += 1
@@ -153,15 +153,13 @@ def _drop(store: Store, run: RunSpec, at: int, row: dict[str, Any] | None,
     if row is not None and row["state"] == "done":
         return False
     folder = store.run_dir(run.key)
-    records = read_metrics(folder)
-    vals = val_points(records)
+    vals = dict(val_points(read_metrics(folder)))  # step -> validation loss, read once
     tc = run.config.train
     summary = {"status": DROPPED, "method": run.config.model.method, "seed": run.seed,
                "steps": at, "steps_planned": tc.steps,
                "tokens": at * tc.batch_size * tc.seq_len,
-               "initial_val_loss": next((v for s, v in vals if s == 0), None),
-               "final_val_loss": None, "dropped_at_step": at,
-               "val_loss_at_drop": loss_at(folder, at),
+               "initial_val_loss": vals.get(0), "final_val_loss": None,
+               "dropped_at_step": at, "val_loss_at_drop": vals.get(at),
                "halving": {k: decision[k] for k in ("at", "best", "gap", "min_gap")}}
     atomic_write_text(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     store.finish(run.key, summary, None)

@@ -110,8 +110,9 @@ class LrProfileStage(Stage):
     @property
     def halving(self) -> Halving | None:
         """The halving rule (None: every point trains to the end)."""
-        settings = halving_settings(self.block.halving) if self.block.halving is not None \
-            else None
+        if self.block.halving is None:
+            return None
+        settings = halving_settings(self.block.halving)  # None for `halving: false`
         return Halving.of(settings) if settings is not None else None
 
     def labels(self) -> list[str]:
